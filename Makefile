@@ -1,0 +1,41 @@
+# taogate: two commands on a fresh machine.
+#   make demo   emulated vLLM fleet + gateway + the article's checks (bench --compare, diagnose)
+#   make check  lint, types, tests (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo check lint types test bench clean lock
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/taogate demo
+
+check: lint types test
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/dispatch.py
+
+# Regenerate the pinned versions after changing dependencies in pyproject.toml.
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^taogate' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

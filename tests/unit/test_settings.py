@@ -1,0 +1,180 @@
+"""Config: the article's files verbatim, each clear-error case, and the source order."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from taogate.settings import ConfigError, Settings, expand_env, load_settings, redacted_dump
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# ../shared/seed/README.md, copied verbatim.
+ARTICLE_TOML = """\
+[gateway]
+base_url = "https://taotoken.net/api"   # API base: no UTM/query parameters
+api_key_env = "TAOTOKEN_API_KEY"        # the unified key is read from this env var, never hard-coded
+request_timeout = 120                   # seconds; enlarge for long prefill inputs
+max_connections = 64                    # connection pool size; bounds concurrent dispatch
+
+[dispatch]
+strategy = "least_busy"                 # round_robin / least_busy
+health_check_interval = 10              # seconds
+max_queue_per_instance = 32             # past this, forward to another instance
+
+[prefill]
+tag = "prefill"                         # marks prefill traffic in logs
+long_input_threshold = 4096             # tokens; longer inputs take a separate channel
+"""
+
+ARTICLE_JSON = """\
+{
+  "taotoken": {
+    "base_url": "https://taotoken.net/api",
+    "api_key": "${TAOTOKEN_API_KEY}",
+    "default_model": "your-model-name",
+    "timeout": {"connect": 10, "read": 120, "write": 30},
+    "retry": {"max_attempts": 3, "backoff_base": 0.5, "backoff_max": 8},
+    "headers": {"X-Request-Tag": "prefill-bench"}
+  },
+  "vllm": {
+    "instances": ["http://127.0.0.1:8000", "http://127.0.0.1:8001",
+                  "http://127.0.0.1:8002", "http://127.0.0.1:8003"],
+    "tensor_parallel_size": 4
+  }
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("TAOGATE_"):
+            monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, toml: str, js: str | None = None) -> Path:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(toml, encoding="utf-8")
+    if js is not None:
+        (tmp_path / "settings.json").write_text(js, encoding="utf-8")
+    return cfg
+
+
+def test_article_files_verbatim_work(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, ARTICLE_TOML, ARTICLE_JSON))
+    assert s.gateway.prefix == "/api"
+    assert s.gateway.request_timeout == 120
+    assert s.dispatch.strategy == "least_busy"
+    assert s.dispatch.max_queue_per_instance == 32
+    assert s.prefill.long_input_threshold == 4096
+    assert [i.url for i in s.instances] == [f"http://127.0.0.1:{p}" for p in range(8000, 8004)]
+    assert [i.label for i in s.instances] == [f"127.0.0.1:{p}" for p in range(8000, 8004)]
+    assert s.warnings() == []
+
+
+def test_settings_json_given_explicitly(tmp_path: Path) -> None:
+    cfg = write(tmp_path, ARTICLE_TOML)
+    other = tmp_path / "elsewhere.json"
+    other.write_text(ARTICLE_JSON, encoding="utf-8")
+    assert len(load_settings(cfg).instances) == 0
+    assert len(load_settings(cfg, other).instances) == 4
+
+
+def test_toml_instances_win_over_settings_json(tmp_path: Path) -> None:
+    toml = ARTICLE_TOML + '\n[[instances]]\nurl = "http://127.0.0.1:9000/v1"\nname = "gpu0"\nrole = "long"\n'
+    s = load_settings(write(tmp_path, toml, ARTICLE_JSON))
+    assert [(i.url, i.label, i.role) for i in s.instances] == [("http://127.0.0.1:9000", "gpu0", "long")]
+
+
+def test_misspelled_strategy_lists_accepted_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_settings(write(tmp_path, ARTICLE_TOML.replace('"least_busy"', '"least-busy"')))
+    msg = str(e.value)
+    assert "dispatch.strategy" in msg and "least_busy, round_robin" in msg and "'least-busy'" in msg
+
+
+def test_base_url_with_utm_query_is_rejected_with_the_fix(tmp_path: Path) -> None:
+    bad = ARTICLE_TOML.replace(
+        '"https://taotoken.net/api"',
+        '"https://taotoken.net/?utm_source=taotoken_aicg_blog_end&utm_medium=csdn"',
+    )
+    with pytest.raises(ConfigError) as e:
+        load_settings(write(tmp_path, bad))
+    msg = str(e.value)
+    assert "gateway.base_url" in msg and "utm" in msg and "404" in msg and "https://taotoken.net/" in msg
+
+
+def test_unset_key_env_names_the_variable(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, ARTICLE_TOML))
+    with pytest.raises(ConfigError, match="TAOTOKEN_API_KEY"):
+        s.api_key({})
+    assert s.api_key({"TAOTOKEN_API_KEY": "k"}) == "k"
+
+
+def test_short_read_timeout_warns(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, ARTICLE_TOML.replace("request_timeout = 120", "request_timeout = 29")))
+    assert any("request_timeout" in w and "120" in w for w in s.warnings())
+
+
+def test_unknown_key_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"dispatch\.stratgy: unknown key"):
+        load_settings(write(tmp_path, ARTICLE_TOML.replace("[dispatch]", "[dispatch]\nstratgy = 1")))
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config\.toml is not valid TOML"):
+        load_settings(write(tmp_path, "[gateway\n"))
+
+
+def test_source_order_flags_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = write(tmp_path, ARTICLE_TOML)
+    monkeypatch.setenv("TAOGATE_DISPATCH__STRATEGY", "round_robin")
+    monkeypatch.setenv("TAOGATE_GATEWAY__PORT", "9001")
+    s = load_settings(cfg)
+    assert s.dispatch.strategy == "round_robin"
+    assert s.dispatch.max_queue_per_instance == 32  # the file's value survives a sibling env override
+    assert s.gateway.port == 9001
+    s = load_settings(cfg, overrides={"gateway": {"port": 9002}})
+    assert s.gateway.port == 9002
+    assert type(s) is Settings
+
+
+def test_duplicate_instance_names_rejected(tmp_path: Path) -> None:
+    toml = ARTICLE_TOML + '[[instances]]\nurl = "http://127.0.0.1:1"\nname = "a"\n'
+    toml += '[[instances]]\nurl = "http://127.0.0.1:2"\nname = "a"\n'
+    with pytest.raises(ConfigError, match="repeated: a"):
+        load_settings(write(tmp_path, toml))
+
+
+def test_expand_env() -> None:
+    assert expand_env("${A}-x", {"A": "1"}) == "1-x"
+    with pytest.raises(ConfigError, match=r"\$\{B\}"):
+        expand_env("${B}", {})
+
+
+def test_redacted_dump_round_trips_and_masks_url_credentials(tmp_path: Path) -> None:
+    import tomli_w
+
+    toml = ARTICLE_TOML + '[[instances]]\nurl = "http://user:secret@127.0.0.1:8000"\n'
+    s = load_settings(write(tmp_path, toml))
+    text = tomli_w.dumps(redacted_dump(s))
+    assert "secret" not in text
+    again = tomllib.loads(text)
+    assert again["dispatch"]["strategy"] == "least_busy"
+    assert again["instances"][0]["url"] == "http://***@127.0.0.1:8000"
+
+
+def test_shipped_config_is_the_init_template_and_loads() -> None:
+    template = ROOT / "src" / "taogate" / "templates"
+    assert (ROOT / "config.toml").read_text() == (template / "config.toml").read_text()
+    assert json.loads((ROOT / "settings.json").read_text()) == json.loads(
+        (template / "settings.json").read_text()
+    )
+    s = load_settings(ROOT / "config.toml")
+    assert len(s.instances) == 4 and s.gateway.prefix == "/api"
