@@ -1,0 +1,180 @@
+"""Failover policy, all pure: what is retryable, how long to back off, and the retry budget.
+
+::
+
+    attempt failed ──► classify(...) ──► Verdict(retry, instance_fault)
+                                           │             └─► breaker.record_failure (instance's fault)
+                                           ▼ retry
+                       RetryBudget.try_spend(now)? ── no ──► give the client the failure
+                                           │ yes
+                                           ▼
+                       sleep backoff(n, base, cap, rand) ──► another eligible instance, never the same
+
+Retry only what is the *instance's* problem and only while nothing has gone downstream: once the
+client has a status line or a byte of the body, a retry would splice two answers together. 4xx is the
+client's problem and fails the same everywhere (408 and 429 are the exceptions: the instance timed
+out or is overloaded, another one may not be). vLLM answers 500 for engine errors that are local to
+that instance (a crashed engine core, CUDA errors), so 500 is retried like 502/503/504.
+
+The budget caps retries at a fraction of recent requests: when the whole fleet is sick, retries
+would multiply load exactly when there is least capacity (a retry storm), so past the budget a failure
+goes back to the client instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+__all__ = ["FailureKind", "RetryBudget", "Verdict", "backoff", "classify"]
+
+Jitter = Literal["equal", "full"]
+
+
+def backoff(attempt: int, base: float, cap: float, rand: float, jitter: Jitter = "equal") -> float:
+    """Seconds to wait before retry number ``attempt`` (1 = the first retry), ``rand`` in [0, 1).
+
+    The ceiling doubles per attempt from ``base`` up to ``cap``. Equal jitter (the default) waits
+    between half the ceiling and the ceiling: jitter still spreads simultaneous retries apart, but a
+    retry is never near-immediate, which matters because each retry of a long prompt is a full
+    prefill somewhere else and aggressive retries deepen the very queues that caused the failure.
+    Full jitter (``rand × ceiling``) is available for callers that prefer the shortest mean wait.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt must be >= 1, got {attempt}")
+    if not 0.0 <= rand < 1.0:
+        raise ValueError(f"rand must be in [0, 1), got {rand}")
+    if base <= 0 or cap <= 0:
+        return 0.0
+    # The exponent is clamped so that 2.0 ** n cannot raise OverflowError for absurd attempt numbers.
+    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 1000))
+    if jitter == "full":
+        return rand * ceiling
+    return ceiling / 2 + rand * ceiling / 2
+
+
+class FailureKind(StrEnum):
+    """How an attempt failed, as the proxy sees it (it maps httpx exceptions onto these once)."""
+
+    CONNECT = "connect"  # refused, reset or DNS failure while connecting: nothing was processed
+    CONNECT_TIMEOUT = "connect_timeout"
+    CLOSED = "closed"  # the instance closed the connection before a status line (crash, restart)
+    READ_TIMEOUT = "read_timeout"  # no response headers within the read timeout (hung engine)
+    WRITE_TIMEOUT = "write_timeout"  # could not even send the request body
+    POOL_TIMEOUT = "pool_timeout"  # our own connection pool was exhausted: not the instance's fault
+    STATUS = "status"  # the instance answered with an HTTP status (see ``status``)
+
+
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_FAULT_STATUS = frozenset({500, 502, 503, 504})
+_RETRYABLE_KIND = frozenset(
+    {
+        FailureKind.CONNECT,
+        FailureKind.CONNECT_TIMEOUT,
+        FailureKind.CLOSED,
+        FailureKind.READ_TIMEOUT,
+        FailureKind.WRITE_TIMEOUT,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one failed attempt means.
+
+    ``retry``: worth trying on *another* instance (if attempts and budget allow).
+    ``instance_fault``: counts against the instance's circuit breaker.
+    ``reason``: bounded, usable as a metric label.
+    """
+
+    retry: bool
+    instance_fault: bool
+    reason: str
+
+
+def classify(kind: FailureKind, *, status: int | None = None, downstream_started: bool = False) -> Verdict:
+    """Classify a failed attempt. ``downstream_started``: a status line or body byte reached the client.
+
+    The breaker verdict is independent of whether we may retry: an instance that dies mid-stream is
+    still at fault even though that request cannot be retried.
+    """
+    if kind is FailureKind.STATUS:
+        if status is None:
+            raise ValueError("FailureKind.STATUS needs a status")
+        fault = status in _FAULT_STATUS
+        retry = status in _RETRYABLE_STATUS and not downstream_started
+        known = status in _RETRYABLE_STATUS
+        return Verdict(retry, fault, f"status_{status}" if known else f"status_{status // 100}xx")
+    # Our own pool running dry says nothing about the instance; retrying would hit the same pool.
+    fault = kind is not FailureKind.POOL_TIMEOUT
+    retry = kind in _RETRYABLE_KIND and not downstream_started
+    return Verdict(retry, fault, kind.value)
+
+
+class RetryBudget:
+    """Retries allowed while ``retries ≤ ratio × requests + min_per_window`` over a sliding window.
+
+    The window is ``buckets`` fixed slices of ``window / buckets`` seconds; counts live per slice, so
+    memory is O(buckets) whatever the traffic (no list of timestamps). The window therefore slides
+    in slice-sized steps: it covers between ``(buckets - 1) / buckets`` of ``window`` and all of it.
+    ``min_per_window`` lets a quiet gateway still retry (one request at ratio 0.2 earns 0.2 retries).
+
+    Call ``record_request`` once per client request (not per attempt), ``try_spend`` before each
+    retry; a refused ``try_spend`` consumes nothing.
+    """
+
+    __slots__ = ("_idx", "_min", "_ratio", "_requests", "_retries", "_width")
+
+    def __init__(self, ratio: float, min_per_window: int, window: float, buckets: int = 10) -> None:
+        if ratio < 0 or min_per_window < 0 or window <= 0 or buckets < 1:
+            raise ValueError("ratio and min_per_window must be >= 0, window > 0, buckets >= 1")
+        self._ratio = ratio
+        self._min = min_per_window
+        self._width = window / buckets
+        self._idx = [-1] * buckets  # absolute slice number each ring slot currently holds
+        self._requests = [0] * buckets
+        self._retries = [0] * buckets
+
+    @property
+    def ratio(self) -> float:
+        return self._ratio
+
+    @ratio.setter
+    def ratio(self, value: float) -> None:
+        """Settable for config reloads; counts in the window carry over."""
+        if value < 0:
+            raise ValueError("ratio must be >= 0")
+        self._ratio = value
+
+    def record_request(self, now: float) -> None:
+        self._requests[self._slot(now)] += 1
+
+    def try_spend(self, now: float) -> bool:
+        """Take one retry from the budget if it has room; False (and no change) otherwise."""
+        slot = self._slot(now)
+        requests, retries = self.counts(now)
+        if retries + 1 > self._ratio * requests + self._min:
+            return False
+        self._retries[slot] += 1
+        return True
+
+    def counts(self, now: float) -> tuple[int, int]:
+        """(requests, retries) in the window ending now (for metrics and tests)."""
+        current = self._absolute(now)
+        live = [i for i, idx in enumerate(self._idx) if current - len(self._idx) < idx <= current]
+        return sum(self._requests[i] for i in live), sum(self._retries[i] for i in live)
+
+    def _absolute(self, now: float) -> int:
+        return math.floor(now / self._width)
+
+    def _slot(self, now: float) -> int:
+        absolute = self._absolute(now)
+        slot = absolute % len(self._idx)
+        if self._idx[slot] < absolute:  # the slot held an older slice: recycle it
+            self._idx[slot] = absolute
+            self._requests[slot] = 0
+            self._retries[slot] = 0
+        # A clock that went backwards (not monotonic) lands in a newer slice's slot: count it there.
+        return slot

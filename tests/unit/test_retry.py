@@ -1,0 +1,184 @@
+"""Failover policy: backoff bounds, what is retryable, and the retry budget's bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taogate.retry import FailureKind, RetryBudget, Verdict, backoff, classify
+
+# -- backoff -------------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_then_caps_with_equal_jitter() -> None:
+    assert [backoff(n, 0.5, 8.0, 0.0) for n in range(1, 7)] == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0]
+    assert [backoff(n, 0.5, 8.0, 0.999999) for n in (1, 5, 50)] == pytest.approx([0.5, 8.0, 8.0])
+
+
+def test_full_jitter_can_be_chosen() -> None:
+    assert backoff(3, 0.5, 8.0, 0.0, jitter="full") == 0.0
+    assert backoff(3, 0.5, 8.0, 0.5, jitter="full") == 1.0
+
+
+def test_backoff_huge_attempt_does_not_overflow() -> None:
+    assert backoff(10_000, 0.5, 8.0, 0.5) == 6.0
+
+
+def test_backoff_zero_base_means_no_wait() -> None:
+    assert backoff(3, 0.0, 8.0, 0.5) == 0.0
+
+
+@pytest.mark.parametrize(("attempt", "rand"), [(0, 0.5), (1, 1.0), (1, -0.1)])
+def test_backoff_rejects_bad_arguments(attempt: int, rand: float) -> None:
+    with pytest.raises(ValueError):
+        backoff(attempt, 0.5, 8.0, rand)
+
+
+@given(
+    attempt=st.integers(1, 200),
+    base=st.floats(0.001, 10.0),
+    cap=st.floats(0.001, 100.0),
+    rand=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_backoff_bounds(attempt: int, base: float, cap: float, rand: float) -> None:
+    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 1000))
+    wait = backoff(attempt, base, cap, rand)
+    assert ceiling / 2 <= wait <= ceiling <= cap
+    assert 0.0 <= backoff(attempt, base, cap, rand, jitter="full") <= ceiling
+    # Monotone in attempt at fixed rand: later retries never wait less.
+    assert backoff(attempt + 1, base, cap, rand) >= wait
+
+
+# -- classification ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_instance_5xx_is_retried_and_counts_against_it(status: int) -> None:
+    assert classify(FailureKind.STATUS, status=status) == Verdict(True, True, f"status_{status}")
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
+def test_client_4xx_is_never_retried(status: int) -> None:
+    v = classify(FailureKind.STATUS, status=status)
+    assert not v.retry and not v.instance_fault and v.reason == "status_4xx"
+
+
+@pytest.mark.parametrize("status", [408, 429])
+def test_instance_overload_4xx_is_retried_elsewhere_without_blame(status: int) -> None:
+    assert classify(FailureKind.STATUS, status=status) == Verdict(True, False, f"status_{status}")
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        FailureKind.CONNECT,
+        FailureKind.CONNECT_TIMEOUT,
+        FailureKind.CLOSED,
+        FailureKind.READ_TIMEOUT,
+        FailureKind.WRITE_TIMEOUT,
+    ],
+)
+def test_transport_failures_before_any_byte_are_retried(kind: FailureKind) -> None:
+    assert classify(kind) == Verdict(True, True, kind.value)
+
+
+def test_pool_timeout_is_ours_not_the_instance() -> None:
+    assert classify(FailureKind.POOL_TIMEOUT) == Verdict(False, False, "pool_timeout")
+
+
+@given(kind=st.sampled_from(FailureKind), status=st.integers(100, 599))
+def test_nothing_is_retried_once_downstream_started(kind: FailureKind, status: int) -> None:
+    v = classify(kind, status=status, downstream_started=True)
+    assert not v.retry
+    # ...but the instance is still blamed if it was its fault.
+    assert v.instance_fault == classify(kind, status=status).instance_fault
+
+
+def test_status_kind_needs_a_status() -> None:
+    with pytest.raises(ValueError):
+        classify(FailureKind.STATUS)
+
+
+# -- budget --------------------------------------------------------------------------------------
+
+
+def test_budget_min_lets_a_quiet_gateway_retry() -> None:
+    b = RetryBudget(ratio=0.2, min_per_window=2, window=10.0)
+    b.record_request(0.0)
+    assert b.try_spend(0.0) and b.try_spend(0.1)
+    assert not b.try_spend(0.2)  # 0.2 × 1 + 2 = 2.2 retries at most
+    assert b.counts(0.2) == (1, 2)
+
+
+def test_budget_scales_with_requests_and_refusal_costs_nothing() -> None:
+    b = RetryBudget(ratio=0.1, min_per_window=0, window=10.0)
+    for i in range(50):
+        b.record_request(i * 0.1)
+    assert sum(b.try_spend(5.0) for _ in range(20)) == 5
+    assert b.counts(5.0) == (50, 5)
+
+
+def test_budget_window_slides() -> None:
+    b = RetryBudget(ratio=0.0, min_per_window=1, window=10.0, buckets=10)
+    assert b.try_spend(0.5)
+    assert not b.try_spend(9.5)  # same window
+    assert b.try_spend(10.5)  # the slice holding the first retry has aged out
+    assert b.counts(10.5) == (0, 1)
+    assert b.counts(100.0) == (0, 0)
+
+
+def test_budget_ratio_can_be_reloaded() -> None:
+    b = RetryBudget(ratio=0.0, min_per_window=0, window=10.0)
+    b.record_request(0.0)
+    assert not b.try_spend(0.0)
+    b.ratio = 1.0
+    assert b.ratio == 1.0 and b.try_spend(0.0)
+    with pytest.raises(ValueError):
+        b.ratio = -0.5
+
+
+def test_budget_rejects_bad_config() -> None:
+    with pytest.raises(ValueError):
+        RetryBudget(ratio=-1.0, min_per_window=0, window=1.0)
+    with pytest.raises(ValueError):
+        RetryBudget(ratio=0.1, min_per_window=0, window=0.0)
+
+
+@given(
+    ratio=st.floats(0.0, 1.0),
+    minimum=st.integers(0, 3),
+    buckets=st.integers(1, 12),
+    events=st.lists(st.tuples(st.booleans(), st.floats(0.0, 3.0)), max_size=300),
+)
+def test_budget_never_exceeds_ratio_times_requests_plus_min(
+    ratio: float, minimum: int, buckets: int, events: list[tuple[bool, float]]
+) -> None:
+    window = 10.0
+    width = window / buckets
+    b = RetryBudget(ratio, minimum, window, buckets)
+    now = 0.0
+    requests: list[float] = []
+    retries: list[float] = []
+    for is_request, dt in events:
+        now += dt
+        granted = False
+        if is_request:
+            b.record_request(now)
+            requests.append(now)
+        elif b.try_spend(now):
+            retries.append(now)
+            granted = True
+        # Independent model: count events in the `buckets` slices ending with the current one.
+        first = math.floor(now / width) - buckets + 1
+
+        def within(times: list[float], first: int = first) -> int:
+            return sum(1 for t in times if math.floor(t / width) >= first)
+
+        assert b.counts(now) == (within(requests), within(retries))
+        # The bound holds at every grant. (Later the requests that earned a retry may age out of the
+        # window before the retry does: a sliding budget bounds its decisions, not history.)
+        if granted:
+            assert within(retries) <= ratio * within(requests) + minimum
