@@ -1,0 +1,331 @@
+"""The engine model: a pure, virtual-time imitation of vLLM's continuous-batching scheduler.
+
+One *step* of the engine (vLLM v1 scheduler, chunked prefill on):
+
+1. Every running request that has finished prefill gets one decode token.
+2. The rest of the ``max_num_batched_tokens`` budget goes to prefill chunks: first to running requests
+   still in prefill, then to waiting requests admitted in arrival order (FIFO, head-of-line blocking:
+   if the head does not fit, nobody behind it is admitted), while fewer than ``max_num_seqs`` run and
+   the KV cache can hold the newcomer.
+3. The step lasts ``(step_overhead + prefill_tokens / prefill_tokens_per_s
+   + decode_tokens / decode_tokens_per_s) * slowdown``. A request's first token is sampled in the step
+   that completes its prefill; it finishes when it has ``max_tokens`` tokens (``max_tokens == 0`` is an
+   embedding/pooling request that finishes when prefill is done).
+
+KV: admission reserves room for ``prompt + max_tokens`` tokens (minus prefix-cache hits) so an admitted
+request never stalls or gets preempted; blocks are then *taken* only as tokens enter the cache, so
+``kv_cache_usage`` grows with prefill and decode as in vLLM. (vLLM over-admits and preempts instead;
+reservation keeps the model simple and its invariants provable.)
+
+Defaults (see ``EmulatorConfig``), chosen to give the article's shapes on a "healthy" card:
+
+- ``prefill_tokens_per_s = 20_000`` and ``step_overhead = 12 ms``: a lone 4,096-token prompt takes two
+  2,048-token chunks, ≈ 2 × (12 + 102) ms ≈ 0.23 s to first token (the article's ~0.1–0.3 s).
+- ``decode_tokens_per_s = 3_200``: decode is memory bound, so a batch costs little more than one
+  sequence: ≈ 12.3 ms per token alone, ≈ 22 ms per token with 32 sequences decoding.
+- ``max_num_seqs = 32``, ``max_num_batched_tokens = 2048``: vLLM's usual online-serving values.
+- ``kv_cache_tokens = 262_144`` (16,384 blocks of 16): about what an 8B model leaves for KV on an
+  80 GB card; 32 concurrent 4k-token requests fit, so KV pressure appears only when configured.
+- ``slowdown`` multiplies every step: the article's "slow card".
+
+The engine never reads a clock: ``schedule()`` returns a ``StepPlan`` with its duration, the caller
+waits that long (really or virtually), then ``update(plan)`` applies it and returns the outputs.
+Aborts may happen in between; ``update`` skips requests that are gone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.kv_cache import BlockPool, block_hashes
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineRequest",
+    "FinishReason",
+    "SeqOutput",
+    "StepPlan",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The scheduler and cost-model knobs (a projection of ``EmulatorConfig``)."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2_048
+    prefill_tokens_per_s: float = 20_000.0
+    decode_tokens_per_s: float = 3_200.0
+    step_overhead: float = 0.012
+    slowdown: float = 1.0
+    block_size: int = 16
+    num_kv_blocks: int = 16_384
+    enable_prefix_caching: bool = False
+
+    @classmethod
+    def from_emulator(cls, config: EmulatorConfig) -> EngineConfig:
+        return cls(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            prefill_tokens_per_s=config.prefill_tokens_per_s,
+            decode_tokens_per_s=config.decode_tokens_per_s,
+            step_overhead=config.step_overhead,
+            slowdown=config.slowdown,
+            block_size=config.block_size,
+            num_kv_blocks=config.num_kv_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+
+    def step_duration(self, prefill_tokens: int, decode_tokens: int) -> float:
+        base = (
+            self.step_overhead
+            + prefill_tokens / self.prefill_tokens_per_s
+            + decode_tokens / self.decode_tokens_per_s
+        )
+        return base * self.slowdown
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """What the engine needs to know about a request: identity, prompt token ids, output length."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One scheduled step: who prefills how much, who decodes, and how long it takes."""
+
+    duration: float
+    prefill: tuple[tuple[str, int], ...]
+    decode: tuple[str, ...]
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefill)
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.decode)
+
+
+@dataclass(frozen=True, slots=True)
+class SeqOutput:
+    """What one request got from a step.
+
+    ``index`` is the 0-based position of the token sampled this step (``None`` when the step sampled
+    nothing, e.g. a finished pooling request). ``num_cached_tokens`` is the prefix-cache hit, in tokens.
+    """
+
+    request_id: str
+    index: int | None
+    finish_reason: FinishReason | None
+    num_cached_tokens: int
+
+
+@dataclass(slots=True)
+class _Seq:
+    request_id: str
+    prompt: Sequence[int]
+    max_tokens: int
+    final_blocks: int
+    hashes: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0  # prompt tokens in the KV cache (cache hits included)
+    num_cached: int = 0
+    num_output: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt)
+
+
+class Engine:
+    """Pure scheduler state machine; see the module docstring for the model."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.max_num_seqs > config.max_num_batched_tokens:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs (one decode token each)")
+        self.config = config
+        self.pool = BlockPool(config.num_kv_blocks, caching=config.enable_prefix_caching)
+        self._waiting: deque[_Seq] = deque()
+        self._running: dict[str, _Seq] = {}  # insertion order = admission order
+        self._reserved = 0  # blocks promised to running requests but not yet taken
+        # Prefix-cache accounting, in tokens, as vLLM counts it.
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # -- observation -----------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._running or any(s.request_id == request_id for s in self._waiting)
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def blocks_needed(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        return -(-(num_prompt_tokens + max_tokens) // self.config.block_size)
+
+    def add(self, request: EngineRequest) -> None:
+        """Queue a request (FIFO). Refuses requests that could never fit the KV cache."""
+        if not request.prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        if request.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        final = self.blocks_needed(len(request.prompt_token_ids), request.max_tokens)
+        if final > self.pool.num_blocks:
+            raise ValueError(f"request needs {final} KV blocks but the cache only has {self.pool.num_blocks}")
+        self._waiting.append(
+            _Seq(request.request_id, request.prompt_token_ids, request.max_tokens, final_blocks=final)
+        )
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a waiting or running request and free its KV; ``False`` if it is not here any more."""
+        seq = self._running.pop(request_id, None)
+        if seq is not None:
+            self._release(seq)
+            return True
+        for seq in self._waiting:
+            if seq.request_id == request_id:
+                self._waiting.remove(seq)
+                return True
+        return False
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan | None:
+        """Decide the next step (admitting waiting requests as room allows); ``None`` when idle."""
+        budget = self.config.max_num_batched_tokens
+        decode: list[str] = []
+        prefill: list[tuple[str, int]] = []
+        for seq in self._running.values():
+            if not seq.prefilling:
+                decode.append(seq.request_id)
+        budget -= len(decode)
+        for seq in self._running.values():
+            if budget <= 0:
+                break
+            if seq.prefilling:
+                chunk = min(len(seq.prompt) - seq.num_computed, budget)
+                prefill.append((seq.request_id, chunk))
+                budget -= chunk
+        while budget > 0 and self._waiting and len(self._running) < self.config.max_num_seqs:
+            seq = self._waiting[0]
+            if not self._admit(seq):
+                break  # FIFO: the head waits for room, and so does everyone behind it
+            self._waiting.popleft()
+            self._running[seq.request_id] = seq
+            chunk = min(len(seq.prompt) - seq.num_computed, budget)
+            prefill.append((seq.request_id, chunk))
+            budget -= chunk
+        if not decode and not prefill:
+            return None
+        for rid, chunk in prefill:
+            seq = self._running[rid]
+            self._grow(seq, seq.num_computed + chunk + seq.num_output)
+        for rid in decode:
+            seq = self._running[rid]
+            self._grow(seq, len(seq.prompt) + seq.num_output + 1)
+        duration = self.config.step_duration(sum(n for _, n in prefill), len(decode))
+        return StepPlan(duration=duration, prefill=tuple(prefill), decode=tuple(decode))
+
+    def update(self, plan: StepPlan) -> list[SeqOutput]:
+        """Apply a finished step: advance prefill, sample tokens, finish requests."""
+        outputs: list[SeqOutput] = []
+        for rid, chunk in plan.prefill:
+            seq = self._running.get(rid)
+            if seq is None:
+                continue  # aborted while the step ran
+            before = seq.num_computed
+            seq.num_computed += chunk
+            self._publish(seq, before)
+            if not seq.prefilling:
+                outputs.append(self._sample(seq))
+        for rid in plan.decode:
+            seq = self._running.get(rid)
+            if seq is not None:
+                outputs.append(self._sample(seq))
+        return outputs
+
+    def step(self) -> tuple[StepPlan, list[SeqOutput]] | None:
+        """``schedule`` then ``update`` at once: the virtual-time convenience for tests and simulations."""
+        plan = self.schedule()
+        if plan is None:
+            return None
+        return plan, self.update(plan)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _admit(self, seq: _Seq) -> bool:
+        bs = self.config.block_size
+        pool = self.pool
+        hits: list[int] = []
+        if pool.caching:
+            if not seq.hashes:
+                seq.hashes = block_hashes(seq.prompt, bs)
+            # vLLM always recomputes at least the last prompt token (it needs its logits).
+            hits = pool.lookup(seq.hashes, (len(seq.prompt) - 1) // bs)
+        available = pool.num_free - pool.count_free_among(hits) - self._reserved
+        if seq.final_blocks - len(hits) > available:
+            return False
+        pool.touch(hits)
+        seq.blocks = hits
+        seq.num_computed = seq.num_cached = len(hits) * bs
+        self._reserved += seq.final_blocks - len(hits)
+        if pool.caching:
+            self.prefix_queries += len(seq.prompt)
+            self.prefix_hits += seq.num_cached
+        return True
+
+    def _grow(self, seq: _Seq, tokens: int) -> None:
+        need = -(-tokens // self.config.block_size) - len(seq.blocks)
+        if need > 0:
+            seq.blocks.extend(self.pool.allocate(need))
+            self._reserved -= need
+
+    def _publish(self, seq: _Seq, before: int) -> None:
+        if not self.pool.caching:
+            return
+        bs = self.config.block_size
+        for i in range(before // bs, min(seq.num_computed // bs, len(seq.hashes))):
+            self.pool.register(seq.blocks[i], seq.hashes[i])
+
+    def _sample(self, seq: _Seq) -> SeqOutput:
+        index: int | None = None
+        if seq.max_tokens > 0:
+            index = seq.num_output
+            seq.num_output += 1
+        reason: FinishReason | None = None
+        if seq.num_output >= seq.max_tokens:
+            reason = "length" if seq.max_tokens > 0 else "stop"
+            del self._running[seq.request_id]
+            self._release(seq)
+        return SeqOutput(seq.request_id, index, reason, seq.num_cached)
+
+    def _release(self, seq: _Seq) -> None:
+        self._reserved -= seq.final_blocks - len(seq.blocks)
+        self.pool.free(seq.blocks)
+        seq.blocks = []
