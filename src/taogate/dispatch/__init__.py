@@ -1,0 +1,46 @@
+"""Dispatch decisions: pure functions over plain data (see types.py).
+
+Modules, one concept each: ``tokens`` (prompt size and its per-model calibration), ``prefix`` (prefix
+keys), ``affinity`` (key → preferred instance), ``load`` (expected time to first token), ``speed``
+(learned prefill speed, slow-instance detection), ``policy`` (round robin, least busy) and
+``admission`` (send, wait or refuse).
+"""
+
+from .admission import decide, retry_after_seconds
+from .load import LoadModel, expected_ttft
+from .policy import STRATEGIES, LeastBusy, Policy, RoundRobin, make_policy
+from .prefix import SharedPrefix, prefix_key, shared_prefix
+from .speed import SlowRule, SpeedEstimator, SpeedStat, slow_instances
+from .tokens import PromptSize, TokenEstimator, TokenizerUnavailable, load_exact_counter, measure
+from .types import Decision, EngineStats, InstanceView, Refuse, RequestFacts, Send, Wait
+
+__all__ = [
+    "STRATEGIES",
+    "Decision",
+    "EngineStats",
+    "InstanceView",
+    "LeastBusy",
+    "LoadModel",
+    "Policy",
+    "PromptSize",
+    "Refuse",
+    "RequestFacts",
+    "RoundRobin",
+    "Send",
+    "SharedPrefix",
+    "SlowRule",
+    "SpeedEstimator",
+    "SpeedStat",
+    "TokenEstimator",
+    "TokenizerUnavailable",
+    "Wait",
+    "decide",
+    "expected_ttft",
+    "load_exact_counter",
+    "make_policy",
+    "measure",
+    "prefix_key",
+    "retry_after_seconds",
+    "shared_prefix",
+    "slow_instances",
+]

@@ -1,0 +1,163 @@
+"""Routing policies: one small synchronous plug point, plain data in, a choice out.
+
+``admission.decide`` filters the fleet down to the instances that may take a request now and hands
+them to ``Policy.choose``; a policy only ranks. Two policies:
+
+* ``RoundRobin``: a cursor over instance names, kept for A/B comparison (the article's baseline,
+  which piles long prompts onto whichever instance the cursor happens to hit).
+* ``LeastBusy``: the smallest expected time to first token (``load.expected_ttft``): queued prefill
+  work over learned speed. Near-ties (within ``tie_ratio``) rotate by name, so an idle fleet spreads
+  requests instead of always feeding the first or fastest-looking instance.
+
+**Prefix affinity** (``LeastBusy(affinity=True)``). A request with a prefix key prefers the instance
+rendezvous hashing maps the key to, over *every* eligible instance (so the mapping does not move
+while an instance is merely full). It follows the preference while that instance has room and its
+expected time, counting the cache hit (the ``prefix_tokens`` it already holds cost no prefill), is
+within ``affinity_slack`` seconds of the best; otherwise it takes the best (``affinity_override``).
+Load therefore decides once a key gets hot: the article's 64 requests that all share one long prefix
+spread over the fleet as queues build instead of piling onto one instance, as a purely cache-aware
+router would do. The policy also remembers, per key, the few instances it recently sent that key to
+(bounded LRU): an override to an instance that already holds the prefix is costed as a hit too, so a
+hot prefix spreads onto the instances that already have it cached.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from .affinity import rendezvous
+from .load import DEFAULT_LOAD, LoadModel, expected_ttft
+from .types import InstanceView, RequestFacts, Send
+
+__all__ = ["STRATEGIES", "LeastBusy", "Policy", "RoundRobin", "make_policy"]
+
+STRATEGIES: Final = ("least_busy", "round_robin")
+
+
+class Policy(Protocol):
+    """Pick one of ``candidates`` (eligible and with room), or None to decline.
+
+    ``peers`` names every eligible instance, with room or not (defaults to the candidates); policies
+    that map keys to instances range over it so the mapping stays put while an instance is full.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def choose(
+        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
+    ) -> Send | None: ...
+
+
+def _next_after(names: Sequence[str], last: str | None) -> str:
+    """The first name after ``last`` in sorted order, wrapping around: an unbiased rotation."""
+    ordered = sorted(names)
+    if last is not None:
+        for name in ordered:
+            if name > last:
+                return name
+    return ordered[0]
+
+
+class RoundRobin:
+    """Each request to the next instance by name; full or unavailable ones are skipped."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "round_robin"
+
+    def choose(
+        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
+    ) -> Send | None:
+        if not candidates:
+            return None
+        self._last = _next_after([v.name for v in candidates], self._last)
+        return Send(self._last, "round_robin")
+
+
+class LeastBusy:
+    """Least expected time to first token, with optional prefix affinity (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        affinity: bool = False,
+        affinity_slack: float = 0.5,
+        load: LoadModel = DEFAULT_LOAD,
+        tie_ratio: float = 0.01,
+        warm_keys: int = 4096,
+        warm_per_key: int = 4,
+    ) -> None:
+        self.affinity = affinity
+        self.affinity_slack = max(0.0, affinity_slack)
+        self.load = load
+        self.tie_ratio = max(0.0, tie_ratio)
+        self._last: str | None = None
+        self._warm: OrderedDict[int, tuple[str, ...]] = OrderedDict()
+        self._warm_keys = max(1, warm_keys)
+        self._warm_per_key = max(1, warm_per_key)
+
+    @property
+    def name(self) -> str:
+        return "least_busy"
+
+    def _remember(self, key: int, instance: str) -> None:
+        held = self._warm.pop(key, ())
+        self._warm[key] = (instance, *[n for n in held if n != instance])[: self._warm_per_key]
+        while len(self._warm) > self._warm_keys:
+            self._warm.popitem(last=False)
+
+    def _pick(self, candidates: Sequence[InstanceView], costs: Sequence[float]) -> tuple[InstanceView, float]:
+        best = min(costs)
+        limit = best * (1.0 + self.tie_ratio)
+        tied = [v.name for v, c in zip(candidates, costs, strict=True) if c <= limit]
+        self._last = _next_after(tied, self._last)
+        for view, cost in zip(candidates, costs, strict=True):
+            if view.name == self._last:
+                return view, cost
+        raise AssertionError("unreachable: the rotation picks one of the tied names")
+
+    def choose(
+        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
+    ) -> Send | None:
+        if not candidates:
+            return None
+        key = req.prefix_key if self.affinity else None
+        if key is None:
+            costs = [expected_ttft(v, req.prompt_tokens, self.load) for v in candidates]
+            return Send(self._pick(candidates, costs)[0].name, "least_load")
+
+        preferred = rendezvous(key, peers or [v.name for v in candidates])
+        warm = {*self._warm.get(key, ()), preferred}
+        hit_tokens = max(1, req.prompt_tokens - max(0, req.prefix_tokens))
+        costs = [
+            expected_ttft(v, hit_tokens if v.name in warm else req.prompt_tokens, self.load)
+            for v in candidates
+        ]
+        best, best_cost = self._pick(candidates, costs)
+        for view, cost in zip(candidates, costs, strict=True):
+            if view.name == preferred and cost <= best_cost + self.affinity_slack:
+                self._remember(key, preferred)
+                return Send(preferred, "affinity_hit")
+        self._remember(key, best.name)
+        return Send(best.name, "affinity_override")
+
+
+def make_policy(
+    strategy: str,
+    *,
+    affinity: bool = False,
+    affinity_slack: float = 0.5,
+    load: LoadModel = DEFAULT_LOAD,
+) -> Policy:
+    """The policy for ``[dispatch] strategy``; an unknown name is an error, never a silent fallback."""
+    if strategy == "round_robin":
+        return RoundRobin()
+    if strategy == "least_busy":
+        return LeastBusy(affinity=affinity, affinity_slack=affinity_slack, load=load)
+    raise ValueError(f"unknown dispatch strategy {strategy!r}; accepted values: {', '.join(STRATEGIES)}")

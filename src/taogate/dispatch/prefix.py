@@ -1,0 +1,144 @@
+"""Prefix keys: which requests share the start of their prompt, so they can meet the same instance.
+
+vLLM's ``--enable-prefix-caching`` skips the prefill of a prompt's leading blocks when they are already
+in that instance's KV cache. It pays only when requests that share a prefix are sent to the same
+instance, so the gateway hashes the part of the prompt that requests share and ``affinity.py`` maps
+the hash to a preferred instance.
+
+What counts as the shared part:
+
+* **Chat** (and Responses with a message list): the conversation up to, excluding, the last message:
+  the system prompt plus the history, which is exactly what the next turn of the same conversation,
+  or another question under the same system prompt, repeats. The tool schemas are part of it, as chat
+  templates render them into the system block. Keying on the first message only would merge every
+  conversation that shares a system prompt but not their histories; keying on everything but the
+  last message is what the next turn reuses.
+* **A single message or a plain prompt**: the first ``BLOCK_CHARS`` characters (about 256 tokens). A
+  prompt's shared part cannot be known from one request, but shared prefixes are by nature leading
+  text: templates, documents, few-shot examples. A ~1,000-char block is long enough that unrelated
+  prompts almost never collide, and short enough to catch prefixes that are only a few hundred
+  tokens long.
+* **Too short to matter**: under ``MIN_PREFIX_CHARS`` (about 128 tokens, eight of vLLM's 16-token
+  blocks) the saving is smaller than the cost of bending dispatch for it: ``None``.
+
+The model is part of the key: two models never share a KV cache. Embeddings and /tokenize get no key
+(pooling and tokenizing do not reuse a prefix cache worth steering for).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .tokens import PromptSize, measure_text, route_kind
+
+__all__ = ["BLOCK_CHARS", "MIN_PREFIX_CHARS", "SharedPrefix", "prefix_key", "shared_prefix"]
+
+BLOCK_CHARS: Final = 1024
+MIN_PREFIX_CHARS: Final = 512
+_BLOCK_IDS: Final = 256  # the same block for token-id prompts
+_MIN_IDS: Final = 128
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """A prefix key and the size of the part it covers (what a cache hit saves, at least)."""
+
+    key: int
+    size: PromptSize
+
+
+def _hash(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8, person=b"taogate-prefix")
+    for part in parts:
+        h.update(len(part).to_bytes(8, "big"))  # length-prefixed: no ambiguity between parts
+        h.update(part)
+    return int.from_bytes(h.digest(), "big")
+
+
+def _canonical(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def _message_text(msg: object) -> str:
+    """The text of one message, for the leading-block case; non-text parts contribute nothing."""
+    if isinstance(msg, str):
+        return msg
+    if not isinstance(msg, Mapping):
+        return ""
+    content = msg.get("content")
+    if isinstance(content, str):
+        return content
+    out: list[str] = []
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                out.append(part["text"])
+    return "".join(out)
+
+
+def _leading_block(model: bytes, extra: bytes, text: str) -> SharedPrefix | None:
+    if len(text) < MIN_PREFIX_CHARS:
+        return None
+    block = text[:BLOCK_CHARS]
+    return SharedPrefix(_hash(model, extra, b"text", block.encode()), measure_text(block))
+
+
+def _from_prompt(model: bytes, prompt: object) -> SharedPrefix | None:
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]  # a batch of one is the one prompt
+    if isinstance(prompt, str):
+        return _leading_block(model, b"", prompt)
+    if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
+        if len(prompt) < _MIN_IDS:
+            return None
+        ids = prompt[:_BLOCK_IDS]
+        return SharedPrefix(_hash(model, b"ids", _canonical(ids)), PromptSize(tokens=len(ids)))
+    return None  # batches of several prompts: no single prefix to steer by
+
+
+def _from_messages(model: bytes, messages: object, extra: object) -> SharedPrefix | None:
+    if not isinstance(messages, list) or not messages:
+        return None
+    tools = _canonical(extra) if extra is not None else b""
+    history = messages[:-1]
+    texts = [_message_text(m) for m in history]
+    chars = sum(len(t) for t in texts)
+    if history and chars >= MIN_PREFIX_CHARS:
+        size = PromptSize(messages=len(history))
+        for t in texts:
+            size += measure_text(t)
+        return SharedPrefix(_hash(model, tools, b"history", _canonical(history)), size)
+    # One message, or a history too short to matter: the leading block of the whole conversation.
+    return _leading_block(model, tools, "".join(_message_text(m) for m in messages))
+
+
+def shared_prefix(route: str, body: Mapping[str, Any]) -> SharedPrefix | None:
+    """The prefix key of a request and the size of what it covers, or None (no prefix worth it)."""
+    model_value = body.get("model")
+    model = model_value.encode() if isinstance(model_value, str) else b""
+    kind = route_kind(route)
+    if kind == "chat":
+        return _from_messages(model, body.get("messages"), body.get("tools"))
+    if kind == "completions":
+        return _from_prompt(model, body.get("prompt"))
+    if kind == "responses":
+        value = body.get("input")
+        instructions = body.get("instructions")
+        extra = [instructions, body.get("tools")] if instructions or body.get("tools") else None
+        if isinstance(value, str):
+            head = instructions if isinstance(instructions, str) else ""
+            return _leading_block(model, _canonical(extra) if extra else b"", head + value)
+        return _from_messages(model, value, extra)
+    return None
+
+
+def prefix_key(route: str, body: Mapping[str, Any]) -> int | None:
+    """A stable unsigned 64-bit hash of the prompt's shared part (see the module docstring), or None."""
+    found = shared_prefix(route, body)
+    return None if found is None else found.key

@@ -1,0 +1,336 @@
+"""Each instance's prefill speed (prompt tokens/s), learned online; and the slow-instance detector.
+
+The article's fleet had fast and slow cards. Dividing load by a measured speed lets a 2.5× slow
+instance receive proportionally less work without anyone configuring it; flagging it tells the
+operator (issue 6).
+
+**Samples.** A streamed request whose first token came ``ttft`` seconds after dispatch, with
+``ahead_tokens`` of our own prefill queued ahead of it there and ``uncached_tokens`` of its own prompt
+to prefill (prompt minus ``usage.prompt_tokens_details.cached_tokens``), shows the instance got through
+``ahead + uncached`` tokens in ``ttft`` seconds (``ahead`` scaled by the instance's recent uncached
+share when prompt sizes are given, see ``_work``). A non-streamed request only shows its total duration:
+its decode time (``completion_tokens`` × the instance's learned seconds per output token) is taken
+off first, and the sample is dropped when decoding dominates, since the rest would be mostly noise.
+
+**Fit.** An exponentially weighted mean of ``log(speed)`` (ratios are multiplicative: a 2× fast and a
+2× slow outlier should pull equally). Each sample's weight grows with the work it covers (a 20-token
+request's TTFT is mostly fixed overhead, not prefill), the first samples are trusted more (a weighted
+running mean until the EWMA takes over, so the seed is soon forgotten), and once warm a sample is
+clamped to within ``clamp``× of the current estimate so one stalled request cannot halve it.
+With ``alpha = 0.3`` a 2.5× slow instance is within
+10 % of its true speed after about 6–7 full-size requests.
+
+**Seed.** ``weight`` × ``nominal`` until the first sample anywhere, then ``weight`` × the fleet's learned
+median per unit weight for every instance still without samples (see ``_refresh``), so an instance that
+has not answered yet, or was added later, starts at the fleet's scale.
+
+**Cap.** A learned speed is capped at ``fast_cap`` (2×) the others' median per unit weight: a card
+whose prompts hit the prefix cache *looks* fast, and an uncapped estimate would feed on itself.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = ["SlowRule", "SpeedEstimator", "SpeedStat", "slow_instances"]
+
+
+#: How many full-size samples the configured seed is worth: little, the first real sample dominates.
+_SEED_WEIGHT = 0.1
+
+
+class SpeedStat(NamedTuple):
+    speed: float  # prompt tokens per second of prefill
+    samples: int  # samples taken
+    evidence: float  # samples weighted by the work they covered: full-size-sample equivalents
+
+
+class _State:
+    __slots__ = ("evidence", "log_speed", "n", "tpot", "uncached_ratio", "weight")
+
+    def __init__(self, log_speed: float, weight: float, tpot: float) -> None:
+        self.log_speed = log_speed
+        self.weight = weight
+        self.n = 0
+        self.evidence = 0.0
+        self.tpot = tpot  # seconds per output token while decoding
+        self.uncached_ratio = 1.0  # recent uncached / prompt tokens: what prefix caching leaves to do
+
+
+def _median_without(ordered: list[float], i: int) -> float:
+    """Median of the sorted list ``ordered`` with its ``i``-th element left out (needs ≥ 2 elements)."""
+    m = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
+class SpeedEstimator:
+    """Learned prefill speed per instance name. Not thread-safe; the gateway's event loop owns it."""
+
+    def __init__(
+        self,
+        nominal: float = 10_000.0,
+        *,
+        weights: Mapping[str, float] | None = None,
+        alpha: float = 0.3,
+        clamp: float = 3.0,
+        fast_cap: float = 2.0,
+        ref_tokens: float = 256.0,
+        decode_seconds_per_token: float = 0.02,
+    ) -> None:
+        if not (nominal > 0 and 0 < alpha <= 1 and clamp > 1 and fast_cap >= 1):
+            raise ValueError("need nominal > 0, 0 < alpha <= 1, clamp > 1, fast_cap >= 1")
+        self._nominal = nominal
+        self._alpha = alpha
+        self._log_clamp = math.log(clamp)
+        self._fast_cap = fast_cap
+        self._ref = ref_tokens
+        self._tpot = decode_seconds_per_token
+        self._states: dict[str, _State] = {}
+        self._speeds: dict[str, float] = {}
+        self._base = nominal
+        for name, weight in (weights or {}).items():
+            self.seed(name, weight)
+
+    # --- registry ------------------------------------------------------------------------------------
+
+    def seed(self, name: str, weight: float = 1.0) -> None:
+        """Register an instance with its configured weight; a known one keeps what it has learned."""
+        weight = max(weight, 1e-6)
+        state = self._states.get(name)
+        if state is None:
+            self._states[name] = _State(math.log(weight * self._base), weight, self._tpot)
+        else:
+            state.weight = weight
+        self._refresh()
+
+    def forget(self, name: str) -> None:
+        self._states.pop(name, None)
+        self._refresh()
+
+    def _state(self, name: str) -> _State:
+        state = self._states.get(name)
+        if state is None:
+            self.seed(name)
+            state = self._states[name]
+        return state
+
+    def _refresh(self) -> None:
+        """Recompute the speeds dispatch reads (after every change; O(n log n) in the fleet size).
+
+        An instance without samples sits at its weight × the fleet's learned median per unit weight,
+        not at a stale seed: otherwise a slow card with no first token yet would look like the fastest
+        and draw the burst. A learned speed is capped at ``fast_cap`` × the others' median (per unit
+        weight): prefix-cache hits make a card *look* fast (little prefill per prompt token), and
+        uncapped, that would draw ever more traffic to it, deepen its queue, and inflate it further.
+        """
+        learned = sorted(
+            (math.exp(st.log_speed) / st.weight, name) for name, st in self._states.items() if st.evidence > 0
+        )
+        values = [v for v, _ in learned]
+        self._base = statistics.median(values) if values else self._nominal
+        speeds = {name: st.weight * self._base for name, st in self._states.items()}
+        for i, (value, name) in enumerate(learned):
+            weight = self._states[name].weight
+            cap = self._fast_cap * _median_without(values, i) if len(values) > 1 else math.inf
+            speeds[name] = weight * min(value, cap)
+        self._speeds = speeds
+
+    # --- samples -------------------------------------------------------------------------------------
+
+    def _learn(self, state: _State, sample: float, work: float, trust: float) -> float:
+        if state.evidence <= 0:  # start from the fleet's scale, not from a seed that may be stale
+            state.log_speed = math.log(state.weight * self._base)
+        log_sample = math.log(sample)
+        if state.evidence >= 3.0:  # warm: one stalled or lucky request moves the estimate only so far
+            lo, hi = state.log_speed - self._log_clamp, state.log_speed + self._log_clamp
+            log_sample = min(hi, max(lo, log_sample))
+        weight = trust * work / (work + self._ref)
+        # A weighted running mean (the seed counting as a tenth of a sample) until the EWMA is faster.
+        alpha = max(self._alpha * weight, weight / (state.evidence + weight + _SEED_WEIGHT))
+        state.log_speed += alpha * (log_sample - state.log_speed)
+        state.n += 1
+        state.evidence += weight
+        self._refresh()
+        return math.exp(log_sample)
+
+    def _work(self, state: _State, ahead: float, uncached: float, prompt: float | None) -> float:
+        """Prefill work the sample covers, with the work ahead discounted for prefix-cache hits.
+
+        ``ahead_tokens`` counts whole prompts (what was known at dispatch); on an instance whose
+        prompts mostly hit the cache, most of that was never prefilled. Scaling it by the instance's
+        recent uncached share keeps the learned speed the card's real prefill speed, so cache hits do
+        not pass for a fast card (the article's mistake (d)) and a cache-cold card is not flagged slow.
+        """
+        if prompt is not None and prompt > 0:
+            ratio = min(1.0, max(0.01, uncached / prompt))
+            state.uncached_ratio += max(0.3, 1.0 / (state.n + 1)) * (ratio - state.uncached_ratio)
+        return max(0.0, ahead) * state.uncached_ratio + max(0.0, uncached)
+
+    def observe_first_token(
+        self,
+        name: str,
+        *,
+        ttft: float,
+        ahead_tokens: float,
+        uncached_tokens: float,
+        prompt_tokens: float | None = None,
+    ) -> float | None:
+        """Learn from a first token after ``ttft`` s; returns the sample used, or None if unusable.
+
+        ``prompt_tokens`` (the whole prompt, cached part included) lets the estimator learn how much
+        of this instance's queued work the prefix cache saves; without it, none is assumed.
+        """
+        if not (ttft > 0 and math.isfinite(ttft) and math.isfinite(ahead_tokens + uncached_tokens)):
+            return None
+        state = self._state(name)
+        work = self._work(state, ahead_tokens, uncached_tokens, prompt_tokens)
+        if work <= 0:
+            return None
+        return self._learn(state, work / ttft, work, 1.0)
+
+    def observe_completion(
+        self,
+        name: str,
+        *,
+        duration: float,
+        completion_tokens: int,
+        ahead_tokens: float,
+        uncached_tokens: float,
+        prompt_tokens: float | None = None,
+        ttft: float | None = None,
+    ) -> float | None:
+        """Learn from a finished request.
+
+        With ``ttft`` (streams) this learns the decode pace only: the prefill sample came from
+        ``observe_first_token``. Without it, it estimates the prefill time as the duration minus the
+        decode time and returns the speed sample used (None when decoding dominates or data is bad).
+        """
+        if not (duration > 0 and math.isfinite(duration)):
+            return None
+        state = self._state(name)
+        if ttft is not None:
+            if completion_tokens > 1 and duration > ttft:
+                pace = (duration - ttft) / (completion_tokens - 1)
+                state.tpot += 0.2 * (pace - state.tpot)
+            return None
+        if not math.isfinite(ahead_tokens + uncached_tokens):
+            return None
+        work = self._work(state, ahead_tokens, uncached_tokens, prompt_tokens)
+        prefill = duration - max(0, completion_tokens - 1) * state.tpot
+        if work <= 0 or prefill < 0.25 * duration:
+            return None
+        return self._learn(state, work / prefill, work, 0.5)  # less sure than a measured TTFT
+
+    def observe(
+        self,
+        name: str,
+        *,
+        ahead_tokens: float,
+        uncached_tokens: float,
+        seconds: float,
+        completion_tokens: int = 0,
+        prompt_tokens: float | None = None,
+        now: float | None = None,
+    ) -> float | None:
+        """One entry point for the gateway: ``seconds`` is the TTFT of a stream (``completion_tokens``
+        0), or the whole duration of a non-streamed response with its ``completion_tokens``.
+
+        ``now`` is accepted for call-site symmetry and unused: learning is driven by samples, not time.
+        """
+        del now
+        if completion_tokens <= 0:
+            return self.observe_first_token(
+                name,
+                ttft=seconds,
+                ahead_tokens=ahead_tokens,
+                uncached_tokens=uncached_tokens,
+                prompt_tokens=prompt_tokens,
+            )
+        return self.observe_completion(
+            name,
+            duration=seconds,
+            completion_tokens=completion_tokens,
+            ahead_tokens=ahead_tokens,
+            uncached_tokens=uncached_tokens,
+            prompt_tokens=prompt_tokens,
+        )
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def speed(self, name: str) -> float:
+        """The speed dispatch should use (an unknown name gets the fleet's median)."""
+        found = self._speeds.get(name)
+        return self._base if found is None else found
+
+    def samples(self, name: str) -> int:
+        state = self._states.get(name)
+        return 0 if state is None else state.n
+
+    def evidence(self, name: str) -> float:
+        """Samples weighted by the work they covered (a 20-token sample counts for little)."""
+        state = self._states.get(name)
+        return 0.0 if state is None else state.evidence
+
+    def uncached_ratio(self, name: str) -> float:
+        """The recent share of this instance's prompt tokens that the prefix cache did not cover."""
+        state = self._states.get(name)
+        return 1.0 if state is None else state.uncached_ratio
+
+    def decode_seconds_per_token(self, name: str) -> float:
+        state = self._states.get(name)
+        return self._tpot if state is None else state.tpot
+
+    def relative(self, name: str) -> float:
+        """Speed relative to the fleet median (1.0 for a lone instance)."""
+        if not self._speeds:
+            return 1.0
+        return self.speed(name) / statistics.median(self._speeds.values())
+
+    def snapshot(self) -> dict[str, SpeedStat]:
+        """Every instance's speed and sample counts, the input of ``slow_instances``."""
+        return {name: SpeedStat(self._speeds[name], st.n, st.evidence) for name, st in self._states.items()}
+
+
+# --- slow-instance detection ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlowRule:
+    """Flag below ``ratio`` × the others' median; clear only above ``recover_ratio`` (hysteresis)."""
+
+    ratio: float = 0.6
+    recover_ratio: float = 0.75
+    min_evidence: float = 8.0  # full-size samples (see ``SpeedStat.evidence``) before judging
+
+
+def slow_instances(
+    stats: Mapping[str, SpeedStat], flagged: Collection[str] = frozenset(), rule: SlowRule = SlowRule()
+) -> frozenset[str]:
+    """The instances whose prefill speed stays well below the rest of the fleet's.
+
+    Each instance is compared with the median of the *other* instances that have enough samples, so a
+    slow one does not drag down its own yardstick (with two instances, each is compared with the other).
+    ``flagged`` is the previous result: a flagged instance stays flagged until it recovers past
+    ``recover_ratio``, so an estimate hovering near the threshold does not flap. Instances with less
+    than ``min_evidence`` (tiny requests count for little) are neither flagged nor used as yardstick:
+    an estimate still near its seed says nothing about the card.
+    """
+    known = {name: s.speed for name, s in stats.items() if s.evidence >= rule.min_evidence and s.speed > 0}
+    out: set[str] = set()
+    for name, speed in known.items():
+        others = [v for n, v in known.items() if n != name]
+        if not others:
+            continue
+        rel = speed / statistics.median(others)
+        limit = rule.recover_ratio if name in flagged else rule.ratio
+        if rel < limit:
+            out.add(name)
+    return frozenset(out)

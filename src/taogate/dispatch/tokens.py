@@ -1,0 +1,398 @@
+"""Prompt size from an OpenAI request body, without the model's tokenizer.
+
+Dispatch needs the size of a prompt before it is sent, to weigh prefill work; the exact count is only
+known afterwards, from the ``usage.prompt_tokens`` vLLM returns. So this module does two things:
+
+* ``measure(route, body)`` walks the already-parsed body and counts what the model will see as a few
+  features (``PromptSize``): ASCII characters, CJK characters, other non-ASCII characters, chat messages,
+  non-text parts (images, audio, files), and tokens known exactly (explicit token-id prompts, or an
+  exact tokenizer's count).
+* ``TokenEstimator`` turns those features into tokens with one linear rule per model and calibrates the
+  rule online from ``usage.prompt_tokens``.
+
+Why several character classes and not one chars-per-token ratio: English runs about 4 characters per
+token while Chinese or Japanese runs 1–1.5 characters per token, so a single ratio fitted on mixed
+traffic is wrong for both. A linear rule over the classes is right for both once fitted, and a
+recursive least-squares fit (a Bayesian linear regression whose prior is the configured guess) gets
+there in a handful of observations: it learns each coefficient as soon as traffic exercises it, keeps
+the prior where traffic has not, and a clamped innovation keeps one odd response from dragging it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+__all__ = [
+    "ExactCounter",
+    "PromptSize",
+    "TokenEstimator",
+    "TokenizerUnavailable",
+    "load_exact_counter",
+    "measure",
+    "measure_text",
+    "prompt_size",
+    "route_kind",
+]
+
+#: Ideographs, kana, hangul, CJK punctuation and full-width forms: about one token per 1–1.5 chars.
+_CJK = re.compile(
+    "[\u1100-\u11ff\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u31ff\u3200-\u9fff"
+    "\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef\U00020000-\U0003ffff]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """What the model will see, as features a linear token rule can weigh."""
+
+    ascii: int = 0  # ASCII characters (English, code, JSON, whitespace)
+    cjk: int = 0  # CJK ideographs, kana, hangul, full-width forms
+    other: int = 0  # other non-ASCII characters (accents, Cyrillic, emoji, ...)
+    messages: int = 0  # chat messages (each carries template overhead)
+    media: int = 0  # non-text parts (image, audio, file): a fixed cost each
+    tokens: int = 0  # tokens known exactly: explicit token ids, or an exact tokenizer's count
+
+    def __add__(self, other: PromptSize) -> PromptSize:
+        return PromptSize(
+            self.ascii + other.ascii,
+            self.cjk + other.cjk,
+            self.other + other.other,
+            self.messages + other.messages,
+            self.media + other.media,
+            self.tokens + other.tokens,
+        )
+
+    @property
+    def chars(self) -> int:
+        return self.ascii + self.cjk + self.other
+
+
+_EMPTY = PromptSize()
+
+
+class ExactCounter(Protocol):
+    """Counts a plain text's tokens exactly (a local tokenizer)."""
+
+    def count(self, text: str) -> int: ...
+
+
+def measure_text(text: str) -> PromptSize:
+    """Character features of one string; C-speed for the all-ASCII common case."""
+    n = len(text)
+    if text.isascii():
+        return PromptSize(ascii=n)
+    ascii_n = len(text.encode("ascii", "ignore"))
+    cjk = len(_CJK.findall(text))
+    return PromptSize(ascii=ascii_n, cjk=cjk, other=n - ascii_n - cjk)
+
+
+_KINDS: Final = frozenset({"chat", "completions", "embeddings", "responses", "tokenize"})
+
+
+def route_kind(route: str) -> str:
+    """'chat', 'completions', 'embeddings', 'responses', 'tokenize' or 'other'.
+
+    ``route`` is a request path, matched on its end so a base_url prefix (``/api/v1/...``) does not
+    matter, or already one of those kind names.
+    """
+    if route in _KINDS:
+        return route
+    path = route.rstrip("/")
+    for suffix, kind in (
+        ("/chat/completions", "chat"),
+        ("/completions", "completions"),
+        ("/embeddings", "embeddings"),
+        ("/responses", "responses"),
+        ("/tokenize", "tokenize"),
+    ):
+        if path.endswith(suffix) or path == suffix.lstrip("/"):
+            return kind
+    return "other"
+
+
+def _is_int_list(value: Sequence[object]) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+
+
+def _prompt(value: object, exact: ExactCounter | None) -> PromptSize:
+    """A completions ``prompt`` / embeddings ``input``: str, list[str], list[int], list[list[int]]."""
+    if isinstance(value, str):
+        return PromptSize(tokens=exact.count(value)) if exact is not None else measure_text(value)
+    if isinstance(value, list):
+        if _is_int_list(value):
+            return PromptSize(tokens=len(value))
+        total = _EMPTY
+        for item in value:
+            total += _prompt(item, exact)
+        return total
+    return _EMPTY
+
+
+def _content(value: object) -> PromptSize:
+    """A message's ``content``: a string, or a list of parts of which only text parts are text."""
+    if isinstance(value, str):
+        return measure_text(value)
+    if isinstance(value, list):
+        total = _EMPTY
+        for part in value:
+            if isinstance(part, str):
+                total += measure_text(part)
+            elif isinstance(part, Mapping):
+                text = part.get("text")
+                if isinstance(text, str):
+                    total += measure_text(text)
+                elif part.get("type") not in (None, "text", "input_text", "output_text"):
+                    total += PromptSize(media=1)
+        return total
+    return _EMPTY
+
+
+def _json_text(value: object) -> PromptSize:
+    """Structured parts the template renders as JSON (tool calls, tool schemas)."""
+    if value is None:
+        return _EMPTY
+    if isinstance(value, str):
+        return measure_text(value)
+    try:
+        return measure_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return _EMPTY
+
+
+def _message(msg: object) -> PromptSize:
+    """One chat message (or a Responses input item): role name, content, tool calls, overhead."""
+    if isinstance(msg, str):
+        return measure_text(msg) + PromptSize(messages=1)
+    if not isinstance(msg, Mapping):
+        return _EMPTY
+    size = PromptSize(messages=1)
+    for key in ("role", "name", "tool_call_id", "call_id"):
+        field = msg.get(key)
+        if isinstance(field, str):
+            size += measure_text(field)
+    if "content" in msg:
+        size += _content(msg.get("content"))
+    for key in ("text", "output", "arguments"):  # Responses items that are not messages
+        field = msg.get(key)
+        if isinstance(field, str):
+            size += measure_text(field)
+    if "tool_calls" in msg:
+        size += _json_text(msg.get("tool_calls"))
+    return size
+
+
+def _messages(value: object) -> PromptSize:
+    total = _EMPTY
+    if isinstance(value, list):
+        for msg in value:
+            total += _message(msg)
+    return total
+
+
+def measure(route: str, body: Mapping[str, Any], exact: ExactCounter | None = None) -> PromptSize:
+    """Count what the model will see in ``body`` (an already-parsed JSON object) for ``route``.
+
+    Never raises on odd bodies: an unknown shape counts as empty, and the estimate floor (1 token)
+    applies. With ``exact``, plain-text completion prompts and embedding inputs are counted exactly
+    (chat would also need the chat template, so it stays estimated).
+    """
+    kind = route_kind(route)
+    if kind == "chat":
+        return _messages(body.get("messages")) + _json_text(body.get("tools"))
+    if kind == "completions":
+        return _prompt(body.get("prompt"), exact) + _prompt(body.get("suffix"), exact)
+    if kind == "embeddings":
+        return _prompt(body.get("input"), exact)
+    if kind == "responses":
+        size = _json_text(body.get("instructions")) + _json_text(body.get("tools"))
+        value = body.get("input")
+        if isinstance(value, str):
+            return size + measure_text(value)
+        return size + _messages(value)
+    if kind == "tokenize":
+        if "messages" in body:
+            return _messages(body.get("messages"))
+        return _prompt(body.get("prompt"), exact)
+    # Unknown route: be generous rather than blind, the shapes above cover every OpenAI prompt field.
+    if "messages" in body:
+        return _messages(body.get("messages"))
+    return _prompt(body.get("prompt", body.get("input")), exact)
+
+
+#: The name the gateway calls it by.
+prompt_size = measure
+
+
+# --- calibration -------------------------------------------------------------------------------------
+
+#: Feature order of the fitted rule; ``tokens`` is exact and not fitted.
+_N: Final = 6  # ascii, cjk, other, messages, media, bias
+
+#: Prior coefficients besides ASCII (which comes from ``chars_per_token``) and their plausible ranges.
+_CJK_PRIOR: Final = 0.8  # ~1.25 chars per token
+_OTHER_PRIOR: Final = 0.5
+_MESSAGE_PRIOR: Final = 4.0  # role markers and separators of a chat template
+_MEDIA_PRIOR: Final = 512.0  # an image is hundreds to a few thousand tokens; fitted per model
+_BIAS_PRIOR: Final = 1.0  # BOS and friends
+_LOWER: Final = (0.02, 0.05, 0.02, 0.0, 0.0, -16.0)
+_UPPER: Final = (2.0, 4.0, 4.0, 64.0, 20_000.0, 256.0)
+
+#: Observation noise: a fraction of the prediction plus a few tokens (template quirks, rounding).
+_REL_NOISE: Final = 0.03
+_ABS_NOISE: Final = 3.0
+_CLAMP_SIGMAS: Final = 3.0  # innovations beyond this many sigmas are clipped (Huber-style)
+_FORGET: Final = 0.995  # slow forgetting, so a model that changes is relearned
+
+
+def _features(size: PromptSize) -> tuple[float, ...]:
+    return (
+        float(size.ascii),
+        float(size.cjk),
+        float(size.other),
+        float(size.messages),
+        float(size.media),
+        1.0,
+    )
+
+
+class _Fit:
+    """Recursive least squares for one model: coefficients ``w`` and their covariance ``p``."""
+
+    __slots__ = ("n", "p", "prior_var", "w")
+
+    def __init__(self, prior: tuple[float, ...]) -> None:
+        self.w = list(prior)
+        # Prior standard deviation: the prior coefficient itself (±100 %), a token or two for the bias.
+        self.prior_var = [max(abs(c), 2.0 if i == _N - 1 else 0.0) ** 2 for i, c in enumerate(prior)]
+        self.p = [[self.prior_var[i] if i == j else 0.0 for j in range(_N)] for i in range(_N)]
+        self.n = 0
+
+    def predict(self, x: tuple[float, ...]) -> float:
+        return sum(wi * xi for wi, xi in zip(self.w, x, strict=True))
+
+    def update(self, x: tuple[float, ...], y: float) -> None:
+        p = self.p
+        px = [sum(p[i][j] * x[j] for j in range(_N)) for i in range(_N)]
+        xpx = sum(x[i] * px[i] for i in range(_N))
+        pred = self.predict(x)
+        noise = (_REL_NOISE * max(y, pred, 1.0)) ** 2 + _ABS_NOISE**2
+        s = xpx + noise
+        if not (s > 0.0 and math.isfinite(s)):
+            return
+        residual = y - pred
+        bound = _CLAMP_SIGMAS * math.sqrt(s)
+        residual = max(-bound, min(bound, residual))
+        gain = [v / s for v in px]
+        for i in range(_N):
+            self.w[i] = min(_UPPER[i], max(_LOWER[i], self.w[i] + gain[i] * residual))
+        for i in range(_N):
+            for j in range(i, _N):  # kept symmetric by construction
+                p[i][j] = p[j][i] = (p[i][j] - gain[i] * px[j]) / _FORGET
+            p[i][i] = max(p[i][i], 1e-12)
+        # Forgetting inflates the covariance of directions the traffic never excites; cap it at the
+        # prior so an unused coefficient does not become arbitrarily jumpy (scaling D·P·D keeps P PSD).
+        scale = [min(1.0, math.sqrt(self.prior_var[i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(_N)]
+        for i in range(_N):
+            for j in range(_N):
+                p[i][j] *= scale[i] * scale[j]
+        self.n += 1
+
+
+class TokenEstimator:
+    """Estimated prompt tokens per model, calibrated online from vLLM's ``usage.prompt_tokens``.
+
+    Bounded memory: at most ``max_models`` fits, least recently used evicted. A model never seen uses
+    the prior rule (``chars_per_token`` for ASCII, about 1.25 characters per token for CJK).
+    """
+
+    def __init__(self, chars_per_token: float = 4.0, *, max_models: int = 256) -> None:
+        if not chars_per_token > 0:
+            raise ValueError("chars_per_token must be positive")
+        ascii_prior = min(_UPPER[0], max(_LOWER[0], 1.0 / chars_per_token))
+        self._prior = (ascii_prior, _CJK_PRIOR, _OTHER_PRIOR, _MESSAGE_PRIOR, _MEDIA_PRIOR, _BIAS_PRIOR)
+        self._max_models = max(1, max_models)
+        self._fits: OrderedDict[str, _Fit] = OrderedDict()
+
+    def estimate(self, model: str | None, size: PromptSize) -> int:
+        """Estimated prompt tokens: always a finite integer ≥ 1."""
+        fit = self._fits.get(model or "")
+        w = fit.w if fit is not None else self._prior
+        value = sum(wi * xi for wi, xi in zip(w, _features(size), strict=True)) + size.tokens
+        if not math.isfinite(value):
+            return 1
+        return max(1, round(value))
+
+    def observe(self, model: str | None, size: PromptSize, prompt_tokens: int) -> None:
+        """Learn from one response's ``usage.prompt_tokens`` for a request of ``size``."""
+        if prompt_tokens <= 0:
+            return
+        key = model or ""
+        fit = self._fits.get(key)
+        if fit is None:
+            fit = self._fits[key] = _Fit(self._prior)
+            while len(self._fits) > self._max_models:
+                self._fits.popitem(last=False)
+        else:
+            self._fits.move_to_end(key)
+        fit.update(_features(size), float(prompt_tokens - size.tokens))
+
+    def observations(self, model: str | None) -> int:
+        fit = self._fits.get(model or "")
+        return 0 if fit is None else fit.n
+
+    def coefficients(self, model: str | None) -> dict[str, float]:
+        """The current rule, for status pages and logs."""
+        fit = self._fits.get(model or "")
+        w = fit.w if fit is not None else self._prior
+        return dict(zip(("ascii", "cjk", "other", "message", "media", "bias"), w, strict=True))
+
+    def __len__(self) -> int:
+        return len(self._fits)
+
+
+# --- optional exact mode -----------------------------------------------------------------------------
+
+
+class TokenizerUnavailable(RuntimeError):
+    """Exact counting was configured but cannot work here (package missing, file unreadable)."""
+
+
+class _HFCounter:
+    __slots__ = ("_tok",)
+
+    def __init__(self, tok: Any) -> None:
+        self._tok = tok
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=True).ids)
+
+
+def load_exact_counter(path: str | Path) -> ExactCounter:
+    """Load a local ``tokenizer.json`` with the optional ``tokenizers`` package.
+
+    Raises ``TokenizerUnavailable`` naming what is missing, so the gateway can refuse to start with a
+    clear message instead of silently falling back to estimates the operator did not ask for.
+    """
+    try:
+        module = importlib.import_module("tokenizers")
+    except ImportError as exc:
+        raise TokenizerUnavailable(
+            "[prefill] tokenizer is set, but the `tokenizers` package is not installed: "
+            "pip install tokenizers (or unset [prefill] tokenizer to use calibrated estimates)"
+        ) from exc
+    file = Path(path)
+    if not file.is_file():
+        raise TokenizerUnavailable(f"[prefill] tokenizer = {str(file)!r}: no such file")
+    try:
+        tok = module.Tokenizer.from_file(str(file))
+    except Exception as exc:  # the Rust side raises its own exception type
+        raise TokenizerUnavailable(f"[prefill] tokenizer = {str(file)!r} cannot be loaded: {exc}") from exc
+    return _HFCounter(tok)

@@ -1,0 +1,94 @@
+"""Plain data the dispatch decisions work on: no I/O, no clocks, no mutation.
+
+The gateway snapshots its live instance state into ``InstanceView`` tuples and the facts of one
+request into ``RequestFacts``; every decision (which instance, wait, refuse) is a pure function of
+those, so it is unit- and property-tested without a network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["any", "long", "short"]
+
+#: Why an instance was picked; bounded, used as a metric label.
+PickReason = Literal["least_load", "affinity_hit", "affinity_override", "round_robin", "overflow"]
+
+#: Why a request was not sent now; bounded, used as a metric label.
+RefuseReason = Literal["no_instance", "queue_full", "queue_timeout", "model_not_found"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an instance's own /metrics said at its last scrape (covers other gateways' traffic)."""
+
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+    prefix_hit_rate: float | None = None
+    age: float = 0.0  # seconds since the scrape
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """One instance as the dispatcher sees it at one moment."""
+
+    name: str
+    role: Role = "any"
+    models: frozenset[str] = frozenset()  # empty: not learned yet, serves anything
+    available: bool = True  # healthy, breaker closed or half-open trial free, not draining
+    inflight: int = 0  # our requests sent and not finished (the queue the cap bounds)
+    cap: int = 32  # max_queue_per_instance (or the instance's own max_queue)
+    prefill_tokens: int = 0  # prompt tokens of our requests that have no first token yet
+    decoding: int = 0  # our requests past their first token
+    prefilling: int | None = None  # our requests with no first token yet (None: inflight - decoding)
+    speed: float = 10_000.0  # learned prefill tokens/s (relative values matter)
+    engine: EngineStats | None = None  # None: never scraped, or too stale to trust
+    overflow: bool = False  # the optional overflow channel, used only when primaries are full
+
+    @property
+    def has_room(self) -> bool:
+        return self.inflight < self.cap
+
+    @property
+    def own_prefilling(self) -> int:
+        """Our requests here with no first token yet: ``prefilling``, else in-flight minus decoding."""
+        if self.prefilling is not None:
+            return max(0, self.prefilling)
+        return max(0, self.inflight - self.decoding)
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or not self.models or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What dispatch needs to know about one request, read once from its body."""
+
+    model: str | None
+    prompt_tokens: int  # estimated (calibrated) prompt size
+    long: bool  # prompt_tokens > [prefill] long_input_threshold
+    prefix_key: int | None = None  # stable hash of the shared prefix, None when there is none
+    prefix_tokens: int = 0  # estimated tokens the prefix key covers: what a cache hit saves, at least
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    instance: str
+    reason: PickReason
+    channel_fallback: bool = False  # the request's own channel had no healthy instance
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Every eligible instance is at its cap: wait in the gateway queue for a slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    reason: RefuseReason
+
+
+Decision = Send | Wait | Refuse

@@ -1,0 +1,100 @@
+"""The load estimate: expected seconds to first token on one instance."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.dispatch.load import LoadModel, expected_ttft, queued_tokens, slowdown
+from taogate.dispatch.types import EngineStats, InstanceView
+
+
+def test_idle_instance_is_prompt_over_speed() -> None:
+    view = InstanceView("a", speed=1000.0)
+    assert expected_ttft(view, 4096) == pytest.approx(4.096)
+
+
+def test_own_prefill_work_counts_instantly() -> None:
+    view = InstanceView("a", speed=1000.0, inflight=3, prefill_tokens=3 * 4096)
+    assert expected_ttft(view, 4096) == pytest.approx(4 * 4.096)
+
+
+def test_work_not_request_count() -> None:
+    many_small = InstanceView("a", inflight=10, prefill_tokens=10 * 50)
+    one_long = InstanceView("b", inflight=1, prefill_tokens=8000)
+    assert expected_ttft(many_small, 100) < expected_ttft(one_long, 100)
+
+
+def test_slow_instance_takes_longer_for_the_same_work() -> None:
+    fast = InstanceView("f", speed=1000.0, prefill_tokens=4096)
+    slow = InstanceView("s", speed=400.0)
+    assert expected_ttft(slow, 4096) > expected_ttft(fast, 4096) * 1.2
+
+
+def test_foreign_waiting_requests_count_but_ours_are_not_double_counted() -> None:
+    model = LoadModel(typical_prompt_tokens=1000.0)
+    ours = InstanceView("a", inflight=4, prefill_tokens=4000, engine=EngineStats(waiting=4, running=0))
+    assert queued_tokens(ours, model) == 4000  # the 4 waiting are ours
+    mixed = InstanceView("a", inflight=4, prefill_tokens=4000, engine=EngineStats(waiting=7, running=0))
+    assert queued_tokens(mixed, model) == 4000 + 3 * 1000  # 3 from another gateway replica
+    stale = InstanceView("a", inflight=4, prefill_tokens=4000, engine=None)
+    assert queued_tokens(stale, model) == 4000
+    lagging = InstanceView("a", inflight=9, prefill_tokens=9000, engine=EngineStats(waiting=2, running=0))
+    assert queued_tokens(lagging, model) == 9000  # clamped at zero
+
+
+def test_decode_term_is_modest_and_kv_pressure_is_not() -> None:
+    idle = InstanceView("a")
+    decoding = InstanceView("a", inflight=32, decoding=32)
+    assert 1.0 < slowdown(decoding) < 1.05
+    assert slowdown(InstanceView("a", engine=EngineStats(waiting=0, running=64))) == slowdown(
+        InstanceView("a", engine=EngineStats(waiting=0, running=64), decoding=10)
+    )
+    assert slowdown(idle) == 1.0
+    assert slowdown(InstanceView("a", engine=EngineStats(0, 0, kv_usage=0.85))) == 1.0
+    near_full = slowdown(InstanceView("a", engine=EngineStats(0, 0, kv_usage=0.97)))
+    full = slowdown(InstanceView("a", engine=EngineStats(0, 0, kv_usage=1.0)))
+    assert 3.0 < near_full < full == pytest.approx(11.0)
+
+
+def test_own_prefilling_defaults_to_inflight_minus_decoding() -> None:
+    assert InstanceView("a", inflight=5, decoding=2).own_prefilling == 3
+    assert InstanceView("a", inflight=1, decoding=2).own_prefilling == 0
+    assert InstanceView("a", inflight=5, decoding=2, prefilling=1).own_prefilling == 1
+
+
+views = st.builds(
+    InstanceView,
+    name=st.just("a"),
+    inflight=st.integers(0, 64),
+    decoding=st.integers(0, 64),
+    prefill_tokens=st.integers(0, 10**6),
+    speed=st.floats(1e-3, 1e6),
+    engine=st.none()
+    | st.builds(
+        EngineStats,
+        waiting=st.floats(0, 1000),
+        running=st.floats(0, 1000),
+        kv_usage=st.none() | st.floats(0, 1),
+    ),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(view=views, prompt=st.integers(0, 10**6), extra=st.integers(1, 10**5))
+def test_property_finite_nonnegative_and_monotone_in_work(
+    view: InstanceView, prompt: int, extra: int
+) -> None:
+    t = expected_ttft(view, prompt)
+    assert 0.0 <= t < float("inf")
+    more = InstanceView(
+        view.name,
+        inflight=view.inflight,
+        decoding=view.decoding,
+        prefill_tokens=view.prefill_tokens + extra,
+        speed=view.speed,
+        engine=view.engine,
+    )
+    assert expected_ttft(more, prompt) > t
+    assert expected_ttft(view, prompt + extra) > t

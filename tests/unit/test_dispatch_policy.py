@@ -1,0 +1,178 @@
+"""Routing policies: round robin and least busy (with prefix affinity)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.dispatch.affinity import rendezvous
+from taogate.dispatch.load import expected_ttft
+from taogate.dispatch.policy import LeastBusy, RoundRobin, make_policy
+from taogate.dispatch.types import EngineStats, InstanceView, RequestFacts, Send
+
+NAMES = ["a", "b", "c", "d"]
+
+
+def req(tokens: int = 4096, key: int | None = None, prefix: int = 0) -> RequestFacts:
+    return RequestFacts(model="m", prompt_tokens=tokens, long=False, prefix_key=key, prefix_tokens=prefix)
+
+
+def fleet(**work: int) -> list[InstanceView]:
+    return [InstanceView(n, inflight=1 if work.get(n) else 0, prefill_tokens=work.get(n, 0)) for n in NAMES]
+
+
+def test_make_policy_knows_the_strategies_and_refuses_others() -> None:
+    assert make_policy("round_robin").name == "round_robin"
+    lb = make_policy("least_busy", affinity=True, affinity_slack=2.0)
+    assert isinstance(lb, LeastBusy) and lb.affinity and lb.affinity_slack == 2.0
+    with pytest.raises(ValueError, match="least_busy, round_robin"):
+        make_policy("least-busy")
+
+
+def test_empty_candidates_decline() -> None:
+    assert RoundRobin().choose(req(), []) is None
+    assert LeastBusy().choose(req(), []) is None
+
+
+def test_round_robin_cycles_and_skips_missing() -> None:
+    rr = RoundRobin()
+    views = fleet()
+    picks = [rr.choose(req(), views) for _ in range(8)]
+    assert [p.instance for p in picks if p] == NAMES * 2
+    assert all(p is not None and p.reason == "round_robin" for p in picks)
+    without_b = [v for v in views if v.name != "b"]
+    assert [p.instance for p in (rr.choose(req(), without_b) for _ in range(3)) if p] == ["a", "c", "d"]
+
+
+def test_least_busy_picks_least_work_not_fewest_requests() -> None:
+    views = [
+        InstanceView("a", inflight=1, prefill_tokens=8000),
+        InstanceView("b", inflight=6, prefill_tokens=600),
+    ]
+    assert LeastBusy().choose(req(), views) == Send("b", "least_load")
+
+
+def test_least_busy_divides_by_speed() -> None:
+    views = [
+        InstanceView("fast", speed=1000.0, inflight=1, prefill_tokens=2000),
+        InstanceView("slow", speed=400.0),
+    ]
+    # fast: (2000 + 4096) / 1000 = 6.1 s; slow: 4096 / 400 = 10.2 s.
+    assert LeastBusy().choose(req(), views) == Send("fast", "least_load")
+
+
+def test_idle_fleet_spreads_by_rotation() -> None:
+    lb = LeastBusy()
+    counts = Counter(p.instance for p in (lb.choose(req(), fleet()) for _ in range(40)) if p)
+    assert counts == dict.fromkeys(NAMES, 10)
+
+
+def test_affinity_follows_the_preferred_instance_while_load_allows() -> None:
+    key = 12345
+    preferred = rendezvous(key, NAMES)
+    assert preferred is not None
+    lb = LeastBusy(affinity=True, affinity_slack=0.5)
+    assert lb.choose(req(key=key), fleet()) == Send(preferred, "affinity_hit")
+    # Busier by 0.3 s (within slack): still followed.
+    views = fleet(**{preferred: 3000})
+    assert lb.choose(req(key=key), views) == Send(preferred, "affinity_hit")
+    # Busier by 2 s: overridden to the least loaded.
+    views = fleet(**{preferred: 20_000})
+    choice = lb.choose(req(key=key), views)
+    assert choice is not None and choice.reason == "affinity_override" and choice.instance != preferred
+
+
+def test_affinity_counts_the_cache_hit_saving() -> None:
+    key = 777
+    preferred = rendezvous(key, NAMES)
+    assert preferred is not None
+    views = fleet(**{preferred: 20_000})  # 2 s of queue at 10k tokens/s
+    # A 30,000-token prompt whose 25,000-token prefix is cached there saves 2.5 s.
+    lb = LeastBusy(affinity=True, affinity_slack=0.0)
+    assert lb.choose(req(30_000, key, 25_000), views) == Send(preferred, "affinity_hit")
+    assert lb.choose(req(30_000, key, 0), views) != Send(preferred, "affinity_hit")
+
+
+def test_affinity_preference_ranges_over_peers_not_just_candidates() -> None:
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    lb = LeastBusy(affinity=True)
+    # "a" is full (not a candidate): override, but the mapping did not move to another instance.
+    choice = lb.choose(req(key=key), [v for v in fleet() if v.name != "a"], NAMES)
+    assert choice is not None and choice.reason == "affinity_override"
+    assert lb.choose(req(key=key), fleet(), NAMES) == Send("a", "affinity_hit")
+
+
+def test_without_affinity_prefix_keys_are_ignored() -> None:
+    lb = LeastBusy(affinity=False)
+    choice = lb.choose(req(key=1), fleet())
+    assert choice is not None and choice.reason == "least_load"
+
+
+def test_shared_prefix_burst_spreads_as_load_builds() -> None:
+    """The article's 64 requests share one long prefix: a cache-aware router piles them on one
+    instance; ours follows affinity only while the preferred one is not much busier."""
+    views = {n: InstanceView(n, speed=1000.0, cap=32) for n in NAMES}
+    lb = LeastBusy(affinity=True, affinity_slack=0.5)
+    counts: Counter[str] = Counter()
+    for _ in range(16):  # 16 in flight at once, none finished
+        choice = lb.choose(req(4096, key=99, prefix=256), list(views.values()))
+        assert choice is not None
+        counts[choice.instance] += 1
+        v = views[choice.instance]
+        views[v.name] = InstanceView(
+            v.name, speed=v.speed, inflight=v.inflight + 1, prefill_tokens=v.prefill_tokens + 4096
+        )
+    assert max(counts.values()) <= 5 and len(counts) == 4
+
+
+def _views() -> st.SearchStrategy[list[InstanceView]]:
+    one = st.builds(
+        InstanceView,
+        name=st.sampled_from([*NAMES, "e", "f"]),
+        inflight=st.integers(0, 40),
+        decoding=st.integers(0, 40),
+        prefill_tokens=st.integers(0, 200_000),
+        speed=st.floats(100.0, 20_000.0),
+        engine=st.none()
+        | st.builds(
+            EngineStats, waiting=st.floats(0, 50), running=st.floats(0, 50), kv_usage=st.floats(0, 1)
+        ),
+    )
+    return st.lists(one, min_size=1, max_size=6, unique_by=lambda v: v.name)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    views=_views(),
+    prompt=st.integers(1, 50_000),
+    key=st.none() | st.integers(0, 2**64 - 1),
+    prefix=st.integers(0, 50_000),
+    slack=st.floats(0.0, 5.0),
+    affinity=st.booleans(),
+)
+def test_property_least_busy_is_within_slack_of_the_best(
+    *, views: list[InstanceView], prompt: int, key: int | None, prefix: int, slack: float, affinity: bool
+) -> None:
+    lb = LeastBusy(affinity=affinity, affinity_slack=slack)
+    facts = req(prompt, key, min(prefix, prompt))
+    choice = lb.choose(facts, views)
+    assert choice is not None and choice.instance in {v.name for v in views}
+    picked = next(v for v in views if v.name == choice.instance)
+    best = min(expected_ttft(v, prompt) for v in views)
+    hit = choice.reason == "affinity_hit"
+    own = expected_ttft(picked, max(1, prompt - facts.prefix_tokens) if hit else prompt)
+    allowed = best * (1 + lb.tie_ratio) + (slack if hit else 0.0)
+    if not hit and affinity and key is not None:
+        allowed = best * (1 + lb.tie_ratio)  # an override takes the best (fresh policy: nothing warm)
+    assert own <= allowed + 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(views=_views(), rounds=st.integers(1, 5))
+def test_property_round_robin_cycles_evenly(views: list[InstanceView], rounds: int) -> None:
+    rr = RoundRobin()
+    counts = Counter(c.instance for c in (rr.choose(req(), views) for _ in range(rounds * len(views))) if c)
+    assert counts == {v.name: rounds for v in views}

@@ -1,0 +1,206 @@
+"""Learned prefill speed and slow-instance detection."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.dispatch.speed import SlowRule, SpeedEstimator, SpeedStat, slow_instances
+
+
+def test_seed_is_weight_times_nominal() -> None:
+    est = SpeedEstimator(1000.0, weights={"a": 1.0, "b": 2.0})
+    assert est.speed("a") == pytest.approx(1000.0)
+    assert est.speed("b") == pytest.approx(2000.0)
+    assert est.samples("a") == 0
+    assert est.relative("b") == pytest.approx(2000.0 / 1500.0)
+
+
+def test_sample_is_work_ahead_plus_own_uncached_over_ttft() -> None:
+    est = SpeedEstimator(1000.0)
+    sample = est.observe_first_token("a", ttft=2.0, ahead_tokens=3000, uncached_tokens=1000)
+    assert sample == pytest.approx(2000.0)
+    assert est.samples("a") == 1
+    assert est.observe_first_token("a", ttft=0.0, ahead_tokens=10, uncached_tokens=10) is None
+    assert est.observe_first_token("a", ttft=1.0, ahead_tokens=0, uncached_tokens=0) is None
+    assert est.samples("a") == 1
+
+
+def test_learns_a_slow_instance_within_a_few_requests() -> None:
+    rng = random.Random(1)
+    est = SpeedEstimator(10_000.0, weights={f"f{i}": 1.0 for i in range(3)} | {"slow": 1.0})
+    true = {"f0": 1000.0, "f1": 1000.0, "f2": 1000.0, "slow": 400.0}
+    learned_at: int | None = None
+    for n in range(1, 11):
+        for name, speed in true.items():
+            work = 4096.0
+            ttft = work / speed * rng.uniform(0.9, 1.1)
+            est.observe_first_token(name, ttft=ttft, ahead_tokens=0, uncached_tokens=work)
+        if learned_at is None and est.relative("slow") < 0.45:
+            learned_at = n
+    assert learned_at is not None and learned_at <= 8
+    assert est.speed("slow") == pytest.approx(400.0, rel=0.15)
+    assert est.relative("slow") == pytest.approx(0.4, rel=0.15)
+
+
+def test_one_stalled_request_does_not_halve_a_warm_estimate() -> None:
+    est = SpeedEstimator(1000.0)
+    for _ in range(10):
+        est.observe_first_token("a", ttft=1.0, ahead_tokens=0, uncached_tokens=1000)
+    est.observe_first_token("a", ttft=100.0, ahead_tokens=0, uncached_tokens=1000)
+    assert est.speed("a") > 700.0
+
+
+def test_tiny_requests_barely_move_the_estimate() -> None:
+    est = SpeedEstimator(1000.0)
+    for _ in range(10):
+        est.observe_first_token("a", ttft=1.0, ahead_tokens=0, uncached_tokens=1000)
+    for _ in range(5):  # 10 tokens in 50 ms: mostly fixed overhead, not prefill speed
+        est.observe_first_token("a", ttft=0.05, ahead_tokens=0, uncached_tokens=10)
+    assert est.speed("a") > 600.0
+
+
+def test_non_stream_samples_subtract_decode_time() -> None:
+    est = SpeedEstimator(1000.0, decode_seconds_per_token=0.02)
+    # 1000 prompt tokens at 500 tok/s = 2 s, then 16 tokens at 20 ms.
+    sample = est.observe_completion(
+        "a", duration=2.0 + 15 * 0.02, completion_tokens=16, ahead_tokens=0, uncached_tokens=1000
+    )
+    assert sample == pytest.approx(500.0)
+    # Decoding dominates: no usable prefill sample.
+    assert (
+        est.observe_completion("a", duration=10.0, completion_tokens=500, ahead_tokens=0, uncached_tokens=100)
+        is None
+    )
+
+
+def test_stream_completion_learns_decode_pace() -> None:
+    est = SpeedEstimator(1000.0, decode_seconds_per_token=0.02)
+    for _ in range(30):
+        assert (
+            est.observe_completion(
+                "a",
+                duration=1.0 + 99 * 0.05,
+                completion_tokens=100,
+                ahead_tokens=0,
+                uncached_tokens=1,
+                ttft=1.0,
+            )
+            is None
+        )
+    assert est.decode_seconds_per_token("a") == pytest.approx(0.05, rel=0.01)
+
+
+def test_newcomer_starts_at_the_fleet_scale() -> None:
+    est = SpeedEstimator(10_000.0)
+    for _ in range(10):
+        est.observe_first_token("a", ttft=1.0, ahead_tokens=0, uncached_tokens=1000)
+    est.seed("b", weight=2.0)
+    assert est.speed("b") == pytest.approx(2 * est.speed("a"))
+    est.forget("b")
+    assert est.samples("b") == 0 and "b" not in est.snapshot()
+
+
+def test_rejects_bad_config() -> None:
+    with pytest.raises(ValueError):
+        SpeedEstimator(0.0)
+
+
+def test_detector_flags_the_slow_one_with_hysteresis() -> None:
+    rule = SlowRule(ratio=0.6, recover_ratio=0.75, min_evidence=8)
+    stats = {
+        "a": SpeedStat(1000, 20, 20),
+        "b": SpeedStat(1000, 20, 20),
+        "c": SpeedStat(980, 20, 20),
+        "d": SpeedStat(400, 20, 20),
+    }
+    assert slow_instances(stats, rule=rule) == {"d"}
+    # Hovering between the two thresholds: stays as it was.
+    hover = {**stats, "d": SpeedStat(700, 20, 20)}
+    assert slow_instances(hover, {"d"}, rule) == {"d"}
+    assert slow_instances(hover, frozenset(), rule) == frozenset()
+    assert slow_instances({**stats, "d": SpeedStat(800, 20, 20)}, {"d"}, rule) == frozenset()
+    # Not enough evidence yet, or nobody to compare with.
+    assert slow_instances({**stats, "d": SpeedStat(400, 30, 3)}, rule=rule) == frozenset()
+    assert slow_instances({"d": SpeedStat(400, 50, 50)}, rule=rule) == frozenset()
+    assert slow_instances({"a": SpeedStat(1000, 50, 50), "d": SpeedStat(400, 50, 50)}, rule=rule) == {"d"}
+
+
+def test_detector_end_to_end_on_a_fleet_with_one_slow_card() -> None:
+    rng = random.Random(5)
+    true = {"a": 1000.0, "b": 1000.0, "c": 1000.0, "slow": 400.0}
+    est = SpeedEstimator(10_000.0, weights=dict.fromkeys(true, 1.0))
+    flagged: frozenset[str] = frozenset()
+    for _ in range(15):
+        for name, speed in true.items():
+            work = rng.uniform(2000, 6000)
+            est.observe_first_token(
+                name, ttft=work / speed * rng.lognormvariate(0, 0.15), ahead_tokens=0, uncached_tokens=work
+            )
+        flagged = slow_instances(est.snapshot(), flagged)
+    assert flagged == {"slow"}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 8),
+    noise=st.lists(st.floats(0.8, 1.25), min_size=40, max_size=150),
+    works=st.lists(st.floats(50, 10_000), min_size=1, max_size=20),
+    data=st.data(),
+)
+def test_property_no_false_flags_on_a_homogeneous_fleet(
+    n: int, noise: list[float], works: list[float], data: st.DataObject
+) -> None:
+    """Same true speed everywhere, adversarial ±25 % sample noise, any order: nothing is ever flagged."""
+    names = [f"i{k}" for k in range(n)]
+    est = SpeedEstimator(5000.0, weights=dict.fromkeys(names, 1.0))
+    flagged: frozenset[str] = frozenset()
+    for i, factor in enumerate(noise):
+        name = data.draw(st.sampled_from(names))
+        work = works[i % len(works)]
+        est.observe_first_token(name, ttft=work / 1000.0 * factor, ahead_tokens=0, uncached_tokens=work)
+        flagged = slow_instances(est.snapshot(), flagged)
+        assert flagged == frozenset()
+
+
+def test_cache_hits_do_not_pass_for_a_fast_card() -> None:
+    """Prompts that mostly hit the prefix cache: the queued whole prompts ahead were barely prefilled."""
+    est = SpeedEstimator(1000.0)
+    for _ in range(20):  # 4,096-token prompts, 4,000 cached, 3 ahead: real work 4 × 96 at 1,000 tok/s
+        est.observe_first_token(
+            "hot", ttft=4 * 96 / 1000.0, ahead_tokens=3 * 4096, uncached_tokens=96, prompt_tokens=4096
+        )
+    assert est.speed("hot") == pytest.approx(1000.0, rel=0.1)
+    assert est.uncached_ratio("hot") == pytest.approx(96 / 4096, rel=0.05)
+
+
+def test_fast_looking_outliers_are_capped_at_twice_the_others() -> None:
+    est = SpeedEstimator(1000.0, weights={"a": 1.0, "b": 1.0, "c": 1.0})
+    for _ in range(10):
+        for name in ("a", "b"):
+            est.observe_first_token(name, ttft=1.0, ahead_tokens=0, uncached_tokens=1000)
+        est.observe_first_token("c", ttft=0.1, ahead_tokens=0, uncached_tokens=1000)
+    assert est.speed("c") == pytest.approx(2000.0, rel=0.01)
+
+
+def test_unsampled_instances_track_the_fleet_not_their_seed() -> None:
+    est = SpeedEstimator(10_000.0, weights={"a": 1.0, "b": 1.0, "new": 0.5})
+    est.observe_first_token("a", ttft=4.0, ahead_tokens=0, uncached_tokens=4000)
+    est.observe_first_token("b", ttft=4.0, ahead_tokens=0, uncached_tokens=4000)
+    fleet = (est.speed("a") + est.speed("b")) / 2
+    assert 1000.0 < fleet < 2000.0
+    assert est.speed("new") == pytest.approx(0.5 * fleet)
+    assert est.speed("unknown") == pytest.approx(fleet)
+
+
+def test_gateway_entry_point() -> None:
+    est = SpeedEstimator(1000.0)
+    assert est.observe("a", ahead_tokens=0, uncached_tokens=2000, seconds=2.0) == pytest.approx(1000.0)
+    non_stream = est.observe(
+        "a", ahead_tokens=0, uncached_tokens=1000, seconds=1.0 + 15 * 0.02, completion_tokens=16, now=5.0
+    )
+    assert non_stream == pytest.approx(1000.0)
+    assert est.samples("a") == 2
