@@ -1,0 +1,73 @@
+"""One structured log line per request: grep its id or its tag to find its whole story.
+
+Never the key, never a body: only what dispatch decided and what it cost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+log = logging.getLogger("taogate.access")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    route: str
+    started: float
+    model: str | None = None
+    client_tag: str | None = None
+    tag: str | None = None
+    long: bool = False
+    instance: str | None = None
+    status: int = 500
+    prompt_tokens_est: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttfb: float | None = None
+    duration: float = 0.0
+    queue_wait: float = 0.0
+    retries: int = 0
+    error: str | None = None
+    reject: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+_FIELDS = (
+    "request_id",
+    "route",
+    "model",
+    "tag",
+    "instance",
+    "status",
+    "prompt_tokens",
+    "prompt_tokens_est",
+    "completion_tokens",
+    "ttfb",
+    "duration",
+    "queue_wait",
+    "retries",
+    "error",
+)
+
+
+class AccessLog:
+    def __init__(self, fmt: Literal["text", "json"]) -> None:
+        self.fmt = fmt
+
+    def line(self, rec: RequestRecord) -> str:
+        fields = {k: v for k in _FIELDS if (v := getattr(rec, k)) is not None}
+        for k in ("ttfb", "duration", "queue_wait"):
+            if k in fields:
+                fields[k] = round(fields[k], 4)
+        if self.fmt == "json":
+            return orjson.dumps(fields).decode()
+        return " ".join(f"{k}={v}" for k, v in fields.items())
+
+    def emit(self, rec: RequestRecord) -> None:
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", self.line(rec))

@@ -1,0 +1,72 @@
+"""Admin endpoints (need the admin key, or the unified key when none is set).
+
+GET  /admin/instances               one row per instance, side by side (``taogate status``)
+POST /admin/instances/{name}/drain  no new work; in-flight requests finish (rolling restarts)
+POST /admin/instances/{name}/undrain
+POST /admin/reload                  re-read the config files; an invalid config is refused
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from taogate.auth import header
+from taogate.errors import BadRequest, NotFound
+from taogate.settings import ConfigError
+from taogate.status import status_rows
+
+if TYPE_CHECKING:
+    from taogate.gateway import Gateway
+
+log = logging.getLogger("taogate.admin")
+
+
+def admin_router(gateway: Gateway) -> APIRouter:
+    def require_admin(request: Request) -> None:
+        gateway.keys.check_admin(header(request.scope["headers"], b"authorization"))
+
+    router = APIRouter(dependencies=[Depends(require_admin)])
+
+    @router.get("/instances")
+    async def instances() -> dict[str, Any]:
+        return {"queued": gateway.dispatcher.queued, "instances": status_rows(gateway)}
+
+    def find(name: str) -> Any:
+        inst = gateway.fleet.find(name)
+        if inst is None:
+            known = ", ".join(i.name for i in gateway.fleet)
+            raise NotFound(f"No instance named {name!r}; instances: {known}.", code="instance_not_found")
+        return inst
+
+    @router.post("/instances/{name}/drain")
+    async def drain(name: str) -> dict[str, Any]:
+        inst = find(name)
+        if not inst.draining:
+            inst.draining = True
+            log.info("instance %s draining: no new work, %d in flight finish", name, inst.inflight)
+        return {"instance": name, "draining": True, "inflight": inst.inflight}
+
+    @router.post("/instances/{name}/undrain")
+    async def undrain(name: str) -> dict[str, Any]:
+        inst = find(name)
+        if inst.draining:
+            inst.draining = False
+            log.info("instance %s takes work again", name)
+            gateway.dispatcher.pump()
+        return {"instance": name, "draining": False, "inflight": inst.inflight}
+
+    @router.post("/reload")
+    async def reload() -> dict[str, Any]:
+        try:
+            added, removed, changed = gateway.reload_from_source()
+        except ConfigError as exc:
+            log.error("reload refused, the running config stays: %s", exc)
+            raise BadRequest(
+                f"Reload refused, the running config stays: {exc}", code="invalid_config"
+            ) from None
+        return {"added": added, "removed": removed, "changed": changed}
+
+    return router

@@ -1,0 +1,150 @@
+"""``create_app(settings)``: the ASGI application.
+
+Proxied POST routes are served by a thin ASGI layer straight into ``Gateway.handle`` (no per-request
+framework routing, validation or response objects on the hot path). Everything else (health,
+readiness, models, metrics, admin) is a small FastAPI app behind it. Both answer under the plain
+paths and under the path of ``[gateway] base_url`` (e.g. ``/api/v1/...``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from taogate.admin import admin_router
+from taogate.auth import header
+from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized, error_body
+from taogate.gateway import Gateway
+from taogate.intake import ROUTES, Route
+from taogate.settings import Settings
+
+log = logging.getLogger("taogate.app")
+
+ASGIApp = Callable[[dict[str, Any], Any, Any], Any]
+
+
+def _error_response(exc: GatewayError) -> Response:
+    headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
+    return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=headers)
+
+
+def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    api = FastAPI(title="taogate", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    api.state.gateway = gateway
+    api_base = f"{prefix}/v1"
+
+    @api.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> Response:
+        if isinstance(exc, Unauthorized):
+            gateway.metrics.rejections.labels("auth").inc()
+        return _error_response(exc)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return _error_response(
+                NotFound(
+                    f"Unknown path {request.url.path}. The OpenAI-compatible API lives under /v1"
+                    + (f" and {api_base}" if prefix else "")
+                    + " (e.g. POST /v1/chat/completions); set your client's base_url to "
+                    f"{gateway.settings.gateway.base_url}/v1."
+                )
+            )
+        if exc.status_code == 405:
+            return _error_response(
+                MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+            )
+        return Response(
+            error_body(str(exc.detail), "invalid_request_error", None),
+            status_code=exc.status_code,
+            media_type="application/json",
+        )
+
+    @api.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @api.get("/ready")
+    async def ready() -> Response:
+        now = gateway.clock()
+        if gateway.accepting and any(i.available(now) for i in gateway.fleet):
+            return JSONResponse({"ready": True})
+        return JSONResponse(
+            {"ready": False, "instances": gateway.fleet.describe_unavailable(now)}, status_code=503
+        )
+
+    async def models(request: Request) -> Response:
+        gateway.keys.check(header(request.scope["headers"], b"authorization"))
+        cards: dict[str, dict[str, Any]] = {}
+        for inst in gateway.fleet:
+            for mid, card in inst.model_cards.items():
+                cards.setdefault(mid, card)
+        return JSONResponse({"object": "list", "data": [cards[k] for k in sorted(cards)]})
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
+
+    for base in {"", prefix}:
+        api.add_api_route(f"{base}/v1/models", models, methods=["GET"])
+        api.add_api_route(f"{base}/metrics", metrics, methods=["GET"])
+        api.include_router(admin_router(gateway), prefix=f"{base}/admin")
+    return api
+
+
+class TaogateApp:
+    """Routes proxied POSTs straight to the gateway; everything else to the FastAPI app."""
+
+    def __init__(self, gateway: Gateway, api: FastAPI, routes: Mapping[str, Route]) -> None:
+        self.gateway = gateway
+        self.api = api
+        self._routes = dict(routes)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            route = self._routes.get(scope["path"])
+            if route is not None:
+                if scope["method"] == "POST":
+                    await self.gateway.handle(route, scope, receive, send)
+                    return
+                exc = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}: use POST.")
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 405,
+                        "headers": [*exc.headers(), (b"allow", b"POST")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": exc.body()})
+                return
+        await self.api(scope, receive, send)
+
+
+def create_app(
+    settings: Settings, *, environ: Mapping[str, str] | None = None, **gateway_kwargs: Any
+) -> TaogateApp:
+    """Build the gateway and its ASGI app; the gateway starts and stops with the ASGI lifespan."""
+    for warning in settings.warnings():
+        log.warning("%s", warning)
+    gateway = Gateway(settings, environ=environ, **gateway_kwargs)
+    prefix = settings.gateway.prefix
+    routes: dict[str, Route] = {}
+    for route in ROUTES:
+        routes[route.path] = route
+        if prefix:
+            routes[prefix + route.path] = route
+    return TaogateApp(gateway, _build_api(gateway, prefix), routes)

@@ -1,0 +1,195 @@
+"""Admission: turn a pure dispatch decision into a held lease, or a bounded wait, or a refusal.
+
+``acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet:
+
+* ``Send``   → a Lease on that instance, at once;
+* ``Wait``   → every eligible instance is at its cap: join the bounded FIFO gateway queue. Whenever a
+  slot frees (a lease is released, an instance comes up, a drain ends, config reloads) ``pump()``
+  hands slots to waiters in arrival order, so no request waits while an eligible instance has room
+  (work-conserving). Queue full or wait too long → 429 with Retry-After from the drain rate;
+* ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from taogate.dispatch.admission import decide, retry_after_seconds
+from taogate.dispatch.policy import Policy
+from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
+from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
+from taogate.fleet import Fleet
+from taogate.instances import Lease
+
+log = logging.getLogger("taogate.dispatch")
+
+
+@dataclass(slots=True)
+class _Waiter:
+    facts: RequestFacts
+    exclude: frozenset[str]
+    future: asyncio.Future[tuple[Lease, Send]]
+
+
+@dataclass(slots=True)
+class DrainRate:
+    """Completions per second over a short window, for Retry-After estimates."""
+
+    window: float = 10.0
+    _stamps: deque[float] = field(default_factory=deque)
+
+    def tick(self, now: float) -> None:
+        self._stamps.append(now)
+        self._trim(now)
+
+    def rate(self, now: float) -> float:
+        self._trim(now)
+        return len(self._stamps) / self.window
+
+    def _trim(self, now: float) -> None:
+        cutoff = now - self.window
+        stamps = self._stamps
+        while stamps and stamps[0] < cutoff:
+            stamps.popleft()
+        # Bounded: at most one stamp per completion in the window; cap for pathological rates.
+        while len(stamps) > 100_000:
+            stamps.popleft()
+
+
+class Dispatcher:
+    """Owns the gateway wait queue; one per gateway."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        policy: Policy,
+        *,
+        queue_size: int,
+        queue_timeout: float,
+        clock: Callable[[], float],
+        on_release: Callable[[Lease], None] | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.queue_size = queue_size
+        self.queue_timeout = queue_timeout
+        self._clock = clock
+        self._waiters: deque[_Waiter] = deque()
+        self._drain = DrainRate()
+        self._on_release_hook = on_release
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def drain_rate(self) -> float:
+        return self._drain.rate(self._clock())
+
+    def retry_after(self) -> int:
+        return retry_after_seconds(len(self._waiters), self._drain.rate(self._clock()))
+
+    # -- the decision --------------------------------------------------------------------------
+    def _try(self, facts: RequestFacts, exclude: frozenset[str]) -> tuple[Lease, Send] | Wait | Refuse:
+        now = self._clock()
+        views: list[InstanceView] = self.fleet.views(now)
+        decision = decide(facts, views, self.policy, exclude)
+        if isinstance(decision, Send):
+            inst = self.fleet.get(decision.instance)
+            trial = inst.breaker.on_dispatch(now)
+            lease = Lease(inst, facts.prompt_tokens, self._released, trial=trial)
+            return lease, decision
+        return decision
+
+    def _refusal(self, refuse: Refuse, facts: RequestFacts) -> GatewayError:
+        if refuse.reason == "model_not_found":
+            known = ", ".join(sorted(self.fleet.known_models())) or "(none learned yet)"
+            return NotFound(
+                f"The model '{facts.model}' does not exist on any instance. Known models: {known}.",
+                code="model_not_found",
+                param="model",
+            )
+        if refuse.reason == "no_instance":
+            return NoInstance(
+                "No healthy instance can take this request right now "
+                f"({self.fleet.describe_unavailable(self._clock())}).",
+                retry_after=max(1, math.ceil(self.fleet.health_interval)),
+            )
+        return Overloaded(
+            "Every eligible instance is at max_queue_per_instance and the gateway queue is full.",
+            code=refuse.reason,
+            retry_after=self.retry_after(),
+        )
+
+    async def acquire(
+        self, facts: RequestFacts, exclude: frozenset[str] = frozenset()
+    ) -> tuple[Lease, Send, float]:
+        """A lease on the instance to send to, its pick, and the seconds spent in the queue."""
+        got = self._try(facts, exclude)
+        if isinstance(got, Refuse):
+            raise self._refusal(got, facts)
+        if not isinstance(got, Wait):
+            return got[0], got[1], 0.0
+        if len(self._waiters) >= self.queue_size:
+            raise self._refusal(Refuse("queue_full"), facts)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(facts, exclude, loop.create_future())
+        self._waiters.append(waiter)
+        started = self._clock()
+        try:
+            async with asyncio.timeout(self.queue_timeout):
+                lease, send = await waiter.future
+        except TimeoutError:
+            raise Overloaded(
+                f"Waited {self.queue_timeout:g}s in the gateway queue; every eligible instance stayed "
+                "at max_queue_per_instance.",
+                code="queue_timeout",
+                retry_after=self.retry_after(),
+            ) from None
+        except BaseException:
+            # Cancelled (client gone) possibly right after a slot was handed over: give it back.
+            fut = waiter.future
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result()[0].release()
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return lease, send, self._clock() - started
+
+    # -- slots freeing up ------------------------------------------------------------------------
+    def _released(self, lease: Lease) -> None:
+        self._drain.tick(self._clock())
+        if self._on_release_hook is not None:
+            self._on_release_hook(lease)
+        if self._waiters:
+            self.pump()
+
+    def pump(self) -> None:
+        """Hand free slots to waiters in FIFO order; call whenever capacity may have appeared."""
+        if not self._waiters:
+            return
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                continue
+            got = self._try(waiter.facts, waiter.exclude)
+            if isinstance(got, Wait):
+                if not self.fleet.any_room(self._clock()):
+                    break  # nothing anywhere has room: later waiters cannot do better
+                continue
+            self._waiters.remove(waiter)
+            if isinstance(got, Refuse):
+                waiter.future.set_exception(self._refusal(got, waiter.facts))
+            else:
+                waiter.future.set_result(got)
+
+    def fail_all(self, exc: GatewayError) -> None:
+        """Shutdown: refuse everyone still waiting."""
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.future.done():
+                w.future.set_exception(exc)

@@ -1,0 +1,151 @@
+"""The set of instances the gateway dispatches to, and the one place their live state is kept.
+
+``Fleet`` maps names to ``Instance`` objects, snapshots them for dispatch, and applies a new
+instance list on reload: unchanged instances keep their live state (in-flight leases, health,
+learned speed); removed ones stop taking work at once and finish what they hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+
+from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.types import InstanceView
+from taogate.instances import Instance, InstanceSpec
+from taogate.settings import InstanceSettings, Settings
+
+log = logging.getLogger("taogate.fleet")
+
+
+def specs_from_settings(settings: Settings, environ: Mapping[str, str] | None = None) -> list[InstanceSpec]:
+    """Resolve instance keys from their env vars; the overflow channel comes last."""
+    env = os.environ if environ is None else environ
+
+    def spec(item: InstanceSettings, overflow: bool) -> InstanceSpec:
+        key = env.get(item.api_key_env) if item.api_key_env else None
+        if item.api_key_env and not key:
+            log.warning(
+                "instance %s: api_key_env %s is not set; sending no key", item.label, item.api_key_env
+            )
+        return InstanceSpec(
+            name=item.label,
+            url=item.url,
+            api_key=key,
+            role=item.role,
+            weight=item.weight,
+            cap=item.max_queue or settings.dispatch.max_queue_per_instance,
+            overflow=overflow,
+        )
+
+    out = [spec(i, False) for i in settings.instances]
+    if settings.overflow is not None:
+        out.append(spec(settings.overflow, True))
+    return out
+
+
+class Fleet:
+    def __init__(self, settings: Settings, speeds: SpeedEstimator) -> None:
+        self._instances: dict[str, Instance] = {}
+        self._retired: list[Instance] = []  # removed by reload, still finishing their leases
+        self.speeds = speeds
+        self._settings = settings
+
+    @property
+    def health_interval(self) -> float:
+        return self._settings.dispatch.health_check_interval
+
+    def __iter__(self) -> Iterator[Instance]:
+        return iter(self._instances.values())
+
+    def __len__(self) -> int:
+        return len(self._instances)
+
+    def get(self, name: str) -> Instance:
+        return self._instances[name]
+
+    def find(self, name: str) -> Instance | None:
+        return self._instances.get(name)
+
+    def _new_instance(self, spec: InstanceSpec) -> Instance:
+        d = self._settings.dispatch
+        self.speeds.seed(spec.name, spec.weight)
+        return Instance(
+            spec,
+            unhealthy_after=d.unhealthy_after,
+            healthy_after=d.healthy_after,
+            breaker_failures=d.breaker_failures,
+            breaker_cooldown=d.breaker_cooldown,
+            assume_up=spec.overflow,
+        )
+
+    def apply(self, settings: Settings, specs: list[InstanceSpec]) -> tuple[list[str], list[str], list[str]]:
+        """Install a new instance list; returns (added, removed, changed) names."""
+        self._settings = settings
+        added: list[str] = []
+        changed: list[str] = []
+        new: dict[str, Instance] = {}
+        for spec in specs:
+            old = self._instances.get(spec.name)
+            if old is None:
+                new[spec.name] = self._new_instance(spec)
+                added.append(spec.name)
+                continue
+            if old.spec != spec:
+                changed.append(spec.name)
+                old.spec = spec  # live counters and health carry over; cap/role/key take effect now
+            old.breaker.reconfigure(
+                failures=settings.dispatch.breaker_failures, cooldown=settings.dispatch.breaker_cooldown
+            )
+            old.health.reconfigure(
+                unhealthy_after=settings.dispatch.unhealthy_after,
+                healthy_after=settings.dispatch.healthy_after,
+            )
+            new[spec.name] = old
+        removed = [n for n in self._instances if n not in new]
+        for name in removed:
+            inst = self._instances[name]
+            inst.draining = True
+            if inst.inflight:
+                self._retired.append(inst)
+            self.speeds.forget(name)
+        self._instances = new
+        self._retired = [i for i in self._retired if i.inflight > 0]
+        return added, removed, changed
+
+    def views(self, now: float) -> list[InstanceView]:
+        speed = self.speeds.speed
+        interval = self._settings.dispatch.scrape_interval
+        return [inst.view(now, speed(inst.name), interval) for inst in self._instances.values()]
+
+    def any_room(self, now: float) -> bool:
+        return any(i.available(now) and i.inflight < i.spec.cap for i in self._instances.values())
+
+    def any_available_except(self, names: frozenset[str], now: float) -> bool:
+        return any(i.available(now) for i in self._instances.values() if i.name not in names)
+
+    def known_models(self) -> set[str]:
+        out: set[str] = set()
+        for inst in self._instances.values():
+            out |= inst.models
+        return out
+
+    def describe_unavailable(self, now: float) -> str:
+        if not self._instances:
+            return "no instances are configured"
+        parts = []
+        for inst in self._instances.values():
+            if inst.draining:
+                why = "draining"
+            elif not inst.up:
+                why = inst.health.state.value
+            elif not inst.breaker.allows(now):
+                why = "ejected"
+            else:
+                why = "ok"
+            parts.append(f"{inst.name}: {why}")
+        return ", ".join(parts)
+
+    def all_inflight(self) -> int:
+        return sum(i.inflight for i in self._instances.values()) + sum(i.inflight for i in self._retired)

@@ -1,0 +1,535 @@
+"""The gateway: one object that owns the fleet, the upstream client, dispatch and metrics.
+
+``handle()`` is the data path of one proxied request::
+
+    auth → read body once → facts (model, size, long?, prefix key) → acquire a lease
+         → forward verbatim → relay (bytes as they arrive) → release → account
+
+Retries happen only before the first byte went downstream, never to the instance that just
+failed, within attempts and the retry budget. A client that goes away cancels the work, which
+closes the upstream connection so vLLM aborts the request and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from taogate.access_log import AccessLog, RequestRecord
+from taogate.auth import KeyCheck, header
+from taogate.dispatch.policy import make_policy
+from taogate.dispatch.prefix import shared_prefix
+from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.tokens import PromptSize, TokenEstimator, prompt_size
+from taogate.dispatch.types import RequestFacts
+from taogate.dispatcher import Dispatcher
+from taogate.errors import GatewayError, NoInstance, sse_error_event
+from taogate.fleet import Fleet, specs_from_settings
+from taogate.instances import Instance, Lease
+from taogate.intake import ClientGone, Route, model_of, parse_json_object, read_body
+from taogate.metrics import FleetCollector, GatewayMetrics
+from taogate.probes import Probes
+from taogate.relay import IdleGuard, UsageTap, usage_counts, usage_of_body
+from taogate.retry import FailureKind, RetryBudget, backoff, classify
+from taogate.settings import ConfigError, Settings
+from taogate.upstream import (
+    AttemptFailure,
+    downstream_headers,
+    make_client,
+    request_timeouts,
+    translate,
+    upstream_headers,
+)
+
+log = logging.getLogger("taogate.gateway")
+
+Send = Callable[[dict[str, Any]], Any]
+Receive = Callable[[], Any]
+_JSON = [(b"content-type", b"application/json")]
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One proxied request as it moves through the gateway."""
+
+    route: Route
+    facts: RequestFacts
+    size: PromptSize
+    body: bytes
+    headers: list[tuple[bytes, bytes]]  # what goes upstream (the instance key is added per attempt)
+    rid: bytes
+    send: Send
+    rec: RequestRecord
+    started: bool = False  # a response has begun downstream: no more retries, no error JSON
+
+
+def _new_request_id() -> bytes:
+    return os.urandom(12).hex().encode()
+
+
+def _clean_request_id(raw: bytes | None) -> bytes:
+    if raw and len(raw) <= 128 and raw.isascii() and raw.replace(b"-", b"").replace(b"_", b"").isalnum():
+        return raw
+    return _new_request_id()
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
+        rng: Callable[[], float] = random.random,
+        settings_source: Callable[[], Settings] | None = None,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.settings = settings
+        self.clock = clock
+        self._rng = rng
+        self._environ = env
+        self._settings_source = settings_source
+        self.keys = KeyCheck(settings.api_key(env), settings.admin_key(env))
+        self.speeds = SpeedEstimator()
+        self.tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
+        self.fleet = Fleet(settings, self.speeds)
+        self.fleet.apply(settings, specs_from_settings(settings, env))
+        self.dispatcher = Dispatcher(
+            self.fleet,
+            self._make_policy(settings),
+            queue_size=settings.dispatch.queue_size,
+            queue_timeout=settings.dispatch.queue_timeout,
+            clock=clock,
+        )
+        self.budget = RetryBudget(ratio=settings.dispatch.retry.budget_ratio, min_per_window=3, window=10.0)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = GatewayMetrics(self.registry)
+        self.registry.register(FleetCollector(self.fleet, self.dispatcher, clock))
+        self.access = AccessLog(settings.gateway.log_format)
+        self.client: httpx.AsyncClient | None = None
+        self.probes = Probes(self)
+        self.accepting = True
+        self._timeouts = request_timeouts(settings.gateway).as_dict()
+        self._active = 0  # requests being handled (for graceful shutdown)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @staticmethod
+    def _make_policy(settings: Settings) -> Any:
+        d = settings.dispatch
+        return make_policy(d.strategy, affinity=d.prefix_affinity, affinity_slack=d.affinity_slack)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.client = make_client(self.settings.gateway)
+        await self.probes.start()
+
+    async def stop(self) -> None:
+        """Stop taking work, give in-flight requests ``shutdown_timeout`` to finish, then close."""
+        self.accepting = False
+        self.dispatcher.fail_all(NoInstance("The gateway is shutting down.", retry_after=1))
+        if self._active:
+            log.info(
+                "stopping: %d requests in flight get %gs to finish",
+                self._active,
+                self.settings.gateway.shutdown_timeout,
+            )
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.settings.gateway.shutdown_timeout)
+        await self.probes.stop()
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    def reload_from_source(self) -> tuple[list[str], list[str], list[str]]:
+        """Re-read the config files (SIGHUP, POST /admin/reload); ConfigError keeps the old config."""
+        if self._settings_source is None:
+            raise ConfigError("the gateway was not started from a config file; nothing to reload")
+        return self.reload(self._settings_source())
+
+    def reload(self, settings: Settings) -> tuple[list[str], list[str], list[str]]:
+        """Apply a new validated config; in-flight requests keep their leases."""
+        keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
+        specs = specs_from_settings(settings, self._environ)
+        self.keys = keys
+        self.settings = settings
+        changes = self.fleet.apply(settings, specs)
+        self.access = AccessLog(settings.gateway.log_format)
+        self._timeouts = request_timeouts(settings.gateway).as_dict()
+        d = settings.dispatch
+        self.dispatcher.policy = self._make_policy(settings)
+        self.dispatcher.queue_size = d.queue_size
+        self.dispatcher.queue_timeout = d.queue_timeout
+        self.budget.ratio = d.retry.budget_ratio
+        self.probes.reconfigure()
+        self.dispatcher.pump()
+        added, removed, changed = changes
+        log.info("config reloaded: added %s, removed %s, changed %s", added, removed, changed)
+        return changes
+
+    # -- one request ----------------------------------------------------------------------------
+    def facts(
+        self, route: Route, payload: dict[str, Any], model: str | None
+    ) -> tuple[RequestFacts, PromptSize]:
+        size = prompt_size(route.kind, payload)
+        tokens = self.tokens.estimate(model, size)
+        shared = shared_prefix(route.kind, payload) if self.settings.dispatch.prefix_affinity else None
+        return (
+            RequestFacts(
+                model=model,
+                prompt_tokens=tokens,
+                long=tokens > self.settings.prefill.long_input_threshold,
+                prefix_key=shared.key if shared else None,
+                prefix_tokens=self.tokens.estimate(model, shared.size) if shared else 0,
+                stream=payload.get("stream") is True,
+            ),
+            size,
+        )
+
+    async def handle(self, route: Route, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """Serve one proxied request end to end; every exit path is accounted and logged once."""
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        rid = _clean_request_id(header(headers, b"x-request-id"))
+        client_tag = header(headers, b"x-request-tag")
+        rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
+        ex: Exchange | None = None
+        self._active += 1
+        self._idle.clear()
+        try:
+            if not self.accepting:
+                raise NoInstance("The gateway is shutting down.", retry_after=1)
+            try:
+                self.keys.check(header(headers, b"authorization"))
+            except GatewayError:
+                rec.reject = "auth"
+                raise
+            body = await read_body(
+                receive, self.settings.gateway.max_body_bytes, header(headers, b"content-length")
+            )
+            payload = parse_json_object(body)
+            rec.model = model_of(route, payload)
+            facts, size = self.facts(route, payload, rec.model)
+            rec.prompt_tokens_est = facts.prompt_tokens
+            rec.long = facts.long
+            tag = client_tag[:128] if client_tag else None
+            if facts.long:
+                long_tag = self.settings.prefill.tag.encode()
+                tag = tag + b"," + long_tag if tag else long_tag
+            rec.tag = tag.decode("latin-1") if tag else None
+            up_headers = upstream_headers(headers, request_id=rid, tag=tag)
+            ex = Exchange(route, facts, size, body, up_headers, rid, send, rec)
+            await self._watching_disconnect(self._serve(ex), receive)
+        except ClientGone:
+            rec.status = 499
+            self.metrics.client_disconnects.inc()
+        except GatewayError as exc:
+            rec.status = exc.status
+            rec.error = exc.code
+            if rec.reject is None and exc.status in (400, 404, 405, 413, 429, 503):
+                rec.reject = exc.code
+            if ex is None or not ex.started:
+                await self._send_error(send, exc, rid)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+            self._account(rec)
+
+    async def _watching_disconnect(self, work: Coroutine[Any, Any, None], receive: Receive) -> None:
+        """Run the request; if the client goes away first, cancel it (which closes upstream)."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(receive())
+        try:
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            gone.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            raise
+        if task.done():
+            gone.cancel()
+            task.result()
+            return
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone
+
+    async def _serve(self, ex: Exchange) -> None:
+        """Attempts: acquire a lease, forward, and fail over before the first byte went downstream."""
+        retry = self.settings.dispatch.retry
+        exclude: frozenset[str] = frozenset()
+        self.budget.record_request(self.clock())
+        attempt = 0
+        while True:
+            attempt += 1
+            lease, pick, waited = await self.dispatcher.acquire(ex.facts, exclude)
+            ex.rec.queue_wait += waited
+            if waited:
+                self.metrics.queue_wait.observe(waited)
+            ex.rec.instance = lease.instance.name
+            self.metrics.decisions.labels(self.settings.dispatch.strategy, pick.reason).inc()
+            tried = exclude | {lease.instance.name}
+
+            def may_retry(tried: frozenset[str] = tried, attempt: int = attempt) -> bool:
+                now = self.clock()
+                return (
+                    attempt < retry.max_attempts
+                    and self.fleet.any_available_except(tried, now)
+                    and self.budget.try_spend(now)
+                )
+
+            try:
+                await self._attempt(ex, lease, may_retry)
+                return
+            except AttemptFailure as failure:
+                ex.rec.retries += 1
+                self.metrics.retries.labels(failure.reason).inc()
+                log.info(
+                    "request %s: %s on %s; retrying elsewhere",
+                    ex.rec.request_id,
+                    failure.detail,
+                    failure.instance,
+                )
+                exclude = tried
+            finally:
+                lease.release()
+            await asyncio.sleep(backoff(attempt, retry.backoff_base, retry.backoff_max, self._rng()))
+
+    def _instance_failed(self, inst: Instance) -> None:
+        t = inst.breaker.record_failure(self.clock())
+        if t is not None:
+            self.probes.breaker_changed(inst, t)
+
+    def _failure(
+        self,
+        ex: Exchange,
+        inst: Instance,
+        kind: FailureKind,
+        detail: str,
+        *,
+        may_retry: Callable[[], bool],
+        status: int | None = None,
+    ) -> GatewayError | None:
+        """Judge a failed attempt: raise AttemptFailure when a retry elsewhere is granted; else return
+        the error to answer with (None: relay the instance's own answer)."""
+        verdict = classify(kind, status=status)
+        if verdict.instance_fault:
+            self._instance_failed(inst)
+        ex.rec.error = verdict.reason
+        if verdict.retry and may_retry():
+            raise AttemptFailure(verdict.reason, inst.name, detail)
+        if verdict.retry:
+            self.metrics.retries_denied.labels(verdict.reason).inc()
+        return AttemptFailure(verdict.reason, inst.name, detail).as_error() if status is None else None
+
+    async def _attempt(self, ex: Exchange, lease: Lease, may_retry: Callable[[], bool]) -> None:
+        inst = lease.instance
+        assert self.client is not None, "Gateway.start() was not awaited"
+        headers = ex.headers
+        if inst.spec.api_key:
+            headers = [*headers, (b"authorization", b"Bearer " + inst.spec.api_key.encode())]
+        request = httpx.Request(
+            "POST",
+            inst.spec.url + ex.route.path,
+            headers=headers,
+            content=ex.body,
+            extensions={"timeout": self._timeouts},
+        )
+        sent_at = self.clock()
+        try:
+            response = await self.client.send(request, stream=True)
+        except (httpx.HTTPError, OSError) as exc:
+            kind, detail = translate(exc)
+            error = self._failure(ex, inst, kind, detail, may_retry=may_retry)
+            assert error is not None
+            raise error from None
+        try:
+            status = response.status_code
+            if status >= 400:
+                # Raises for a granted retry; otherwise the instance's own answer is relayed as-is.
+                self._failure(
+                    ex, inst, FailureKind.STATUS, f"HTTP {status}", may_retry=may_retry, status=status
+                )
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                await self._relay_stream(ex, lease, response, sent_at)
+            else:
+                await self._relay_whole(ex, lease, response, sent_at, may_retry)
+            ex.rec.status = status
+            if status < 500:
+                t = inst.breaker.record_success(self.clock())
+                if t is not None:
+                    self.probes.breaker_changed(inst, t)
+                if status == 200 and ex.route.generates:
+                    self._learn(ex, lease)
+        finally:
+            await response.aclose()
+
+    @staticmethod
+    def _response_headers(
+        response: httpx.Response, ex: Exchange, inst: Instance
+    ) -> list[tuple[bytes, bytes]]:
+        out = downstream_headers(response.headers.raw, keep_length=False)
+        out.append((b"x-request-id", ex.rid))
+        out.append((b"x-taogate-instance", inst.name.encode()))
+        return out
+
+    async def _relay_whole(
+        self,
+        ex: Exchange,
+        lease: Lease,
+        response: httpx.Response,
+        sent_at: float,
+        may_retry: Callable[[], bool],
+    ) -> None:
+        """Non-stream answers are small JSON: read them whole, so a failure mid-body is still retryable."""
+        inst = lease.instance
+        try:
+            data = await response.aread()
+        except (httpx.HTTPError, OSError) as exc:
+            kind, detail = translate(exc)
+            error = self._failure(ex, inst, kind, detail, may_retry=may_retry)
+            assert error is not None
+            raise error from None
+        lease.first_token()
+        ex.rec.ttfb = self.clock() - sent_at
+        headers = self._response_headers(response, ex, inst)
+        headers.append((b"content-length", str(len(data)).encode()))
+        ex.started = True
+        await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await ex.send({"type": "http.response.body", "body": data, "more_body": False})
+        if response.status_code == 200:
+            ex.rec.usage = usage_of_body(data)
+
+    async def _relay_stream(
+        self, ex: Exchange, lease: Lease, response: httpx.Response, sent_at: float
+    ) -> None:
+        """Relay SSE bytes as they arrive; a failure now ends the stream with an error event."""
+        inst = lease.instance
+        send = ex.send
+        ex.started = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": self._response_headers(response, ex, inst),
+            }
+        )
+        tap = UsageTap()
+        idle = self.settings.gateway.stream_idle_timeout
+        guard = IdleGuard(idle)
+        first = True
+        error: tuple[str, str] | None = None
+        try:
+            async for chunk in response.aiter_raw():
+                guard.touch()
+                if first:
+                    first = False
+                    lease.first_token()
+                    ex.rec.ttfb = self.clock() - sent_at
+                tap.feed(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except asyncio.CancelledError:
+            if not guard.expired:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            error = ("stream_idle_timeout", f"no data from instance {inst.name} for {idle:g}s")
+        except (httpx.HTTPError, OSError) as exc:
+            error = (
+                "upstream_stream_broken",
+                f"instance {inst.name} broke the stream ({type(exc).__name__})",
+            )
+        finally:
+            guard.close()
+        if error is not None:
+            code, message = error
+            ex.rec.error = code
+            self.metrics.stream_errors.labels(inst.name, code).inc()
+            self._instance_failed(inst)
+            await send(
+                {"type": "http.response.body", "body": sse_error_event(message, code), "more_body": True}
+            )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        ex.rec.usage = tap.usage
+
+    def _learn(self, ex: Exchange, lease: Lease) -> None:
+        """Calibrate the token estimate and the instance's speed from what the instance reported."""
+        rec, facts = ex.rec, ex.facts
+        prompt, completion, cached = usage_counts(rec.usage)
+        rec.prompt_tokens = prompt
+        rec.completion_tokens = completion
+        if prompt is not None and facts.model is not None:
+            self.tokens.observe(facts.model, ex.size, prompt)
+        if rec.ttfb is None:
+            return
+        name = lease.instance.name
+        total = prompt if prompt is not None else facts.prompt_tokens
+        uncached = max(1, total - cached)
+        if facts.stream:
+            self.speeds.observe_first_token(
+                name,
+                ttft=rec.ttfb,
+                ahead_tokens=lease.ahead_tokens,
+                uncached_tokens=uncached,
+                prompt_tokens=total,
+            )
+            if completion:  # the decode pace, which non-stream samples need to find their prefill time
+                self.speeds.observe_completion(
+                    name,
+                    duration=self.clock() - rec.started - rec.queue_wait,
+                    completion_tokens=completion,
+                    ahead_tokens=lease.ahead_tokens,
+                    uncached_tokens=uncached,
+                    prompt_tokens=total,
+                    ttft=rec.ttfb,
+                )
+        else:
+            self.speeds.observe_completion(
+                name,
+                duration=rec.ttfb,
+                completion_tokens=completion or 0,
+                ahead_tokens=lease.ahead_tokens,
+                uncached_tokens=uncached,
+                prompt_tokens=total,
+            )
+
+    @staticmethod
+    async def _send_error(send: Send, exc: GatewayError, rid: bytes) -> None:
+        headers = [*exc.headers(), (b"x-request-id", rid)]
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+
+    def _account(self, rec: RequestRecord) -> None:
+        rec.duration = self.clock() - rec.started
+        m = self.metrics
+        instance = rec.instance or "none"
+        tag = self.settings.prefill.tag if rec.long else "none"
+        model = rec.model if rec.model is not None and rec.model in self.fleet.known_models() else "unknown"
+        m.requests.labels(rec.route, model, instance, f"{rec.status // 100}xx", tag).inc()
+        if rec.reject is not None:
+            m.rejections.labels(rec.reject).inc()
+        if rec.instance is not None:
+            m.duration.labels(rec.route, instance, tag).observe(rec.duration)
+            if rec.ttfb is not None:
+                m.ttfb.labels(rec.route, instance, tag).observe(rec.ttfb)
+            if rec.prompt_tokens is not None:
+                m.prompt_tokens.labels(instance, tag, "usage").inc(rec.prompt_tokens)
+            elif rec.prompt_tokens_est is not None and rec.status < 300:
+                m.prompt_tokens.labels(instance, tag, "estimate").inc(rec.prompt_tokens_est)
+            if rec.completion_tokens:
+                m.completion_tokens.labels(instance).inc(rec.completion_tokens)
+        self.access.emit(rec)

@@ -1,0 +1,158 @@
+"""Live per-instance state and the lease that holds an instance's slot.
+
+One ``Instance`` object per configured vLLM server is the only place its state lives: health,
+breaker, our in-flight work, the last engine scrape. Dispatch never reads it directly: it reads
+``Instance.view()``, a frozen snapshot (see dispatch/types.py).
+
+A ``Lease`` is taken when a request is sent to an instance and holds its slot (in-flight count,
+outstanding prefill tokens) until the response body has been fully relayed, the client has gone
+away, or an error has ended the attempt. ``release()`` is idempotent, so every exit path may call
+it and the counts still return to exactly zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from taogate.breaker import Breaker
+from taogate.dispatch.types import InstanceView, Role
+from taogate.health import HealthState, HealthTracker
+from taogate.scrape import EngineSample, engine_stats
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """What configuration says about one instance (rebuilt on reload)."""
+
+    name: str
+    url: str
+    api_key: str | None = None
+    role: Role = "any"
+    weight: float = 1.0
+    cap: int = 32
+    overflow: bool = False
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).netloc
+
+
+class Instance:
+    """Mutable live state of one instance; mutated only by the gateway's event loop."""
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        *,
+        unhealthy_after: int,
+        healthy_after: int,
+        breaker_failures: int,
+        breaker_cooldown: float,
+        assume_up: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.health = HealthTracker(unhealthy_after=unhealthy_after, healthy_after=healthy_after)
+        self.breaker = Breaker(failures=breaker_failures, cooldown=breaker_cooldown)
+        # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
+        self._assume_up = assume_up
+        self.models: frozenset[str] = frozenset()
+        self.draining = False
+        self.inflight = 0
+        self.prefilling = 0
+        self.prefill_tokens = 0
+        self.engine: EngineSample | None = None
+        self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
+        self.engine_at = 0.0  # monotonic time of the last good scrape
+        self.scrape_ok = True  # last scrape succeeded (logged once per change)
+        self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def up(self) -> bool:
+        return self._assume_up or self.health.state is HealthState.UP
+
+    def available(self, now: float) -> bool:
+        """Eligible for new work: healthy, breaker lets a request through, not draining."""
+        return self.up and not self.draining and self.breaker.allows(now)
+
+    def record_scrape(self, sample: EngineSample, now: float) -> None:
+        self.engine_prev = self.engine
+        self.engine = sample
+        self.engine_at = now
+
+    def view(self, now: float, speed: float, scrape_interval: float) -> InstanceView:
+        engine = (
+            engine_stats(self.engine, self.engine_prev, self.engine_at, now, scrape_interval)
+            if scrape_interval > 0
+            else None
+        )
+        return InstanceView(
+            name=self.spec.name,
+            role=self.spec.role,
+            models=self.models,
+            available=self.available(now),
+            inflight=self.inflight,
+            cap=self.spec.cap,
+            prefill_tokens=self.prefill_tokens,
+            prefilling=self.prefilling,
+            decoding=self.inflight - self.prefilling,
+            speed=speed,
+            engine=engine,
+            overflow=self.spec.overflow,
+        )
+
+
+class Lease:
+    """Holds one instance slot for one attempt; counts return exactly once, whatever the exit path."""
+
+    __slots__ = ("_first", "_on_release", "_released", "ahead_tokens", "instance", "tokens", "trial")
+
+    def __init__(
+        self,
+        instance: Instance,
+        tokens: int,
+        on_release: Callable[[Lease], None],
+        *,
+        trial: bool = False,
+    ) -> None:
+        self.instance = instance
+        self.tokens = tokens
+        self.trial = trial  # this attempt is the breaker's half-open trial
+        self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
+        self._on_release = on_release
+        self._first = False
+        self._released = False
+        instance.inflight += 1
+        instance.prefilling += 1
+        instance.prefill_tokens += tokens
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def first_token(self) -> None:
+        """The prefill is done: its tokens no longer count as queued prefill work."""
+        if self._first or self._released:
+            return
+        self._first = True
+        self.instance.prefilling -= 1
+        self.instance.prefill_tokens -= self.tokens
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        inst = self.instance
+        if not self._first:
+            inst.prefilling -= 1
+            inst.prefill_tokens -= self.tokens
+        inst.inflight -= 1
+        if self.trial:
+            inst.breaker.release_trial()
+        self._on_release(self)

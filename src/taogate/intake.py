@@ -1,0 +1,97 @@
+"""Reading one request: its body, once, within the size limit, and the facts dispatch needs.
+
+The body bytes are forwarded verbatim; the parsed JSON is only read (model, stream flag, prompt
+text for the size estimate and the prefix key), never re-serialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from taogate.errors import BadRequest, BodyTooLarge
+
+RouteKind = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A proxied route: where it is upstream and what it needs from the body."""
+
+    path: str  # upstream path, e.g. /v1/chat/completions
+    kind: RouteKind
+    model_required: bool = True
+    generates: bool = True  # produces tokens (TTFT and speed samples make sense)
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("/v1/chat/completions", "chat"),
+    Route("/v1/completions", "completions"),
+    Route("/v1/embeddings", "embeddings", generates=False),
+    Route("/v1/responses", "responses"),
+    Route("/tokenize", "tokenize", model_required=False, generates=False),
+    Route("/detokenize", "detokenize", model_required=False, generates=False),
+)
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
+    """The whole request body, or BodyTooLarge as soon as it is known to exceed ``limit``."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise BadRequest("Content-Length is not a number.", code="invalid_content_length") from None
+        if declared > limit:
+            raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(
+        f"Request body exceeds {limit} bytes ([gateway] max_body_bytes).", param=None, code="body_too_large"
+    )
+
+
+class ClientGone(Exception):
+    """The client disconnected; nothing more can be sent to it."""
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise BadRequest("The request body is empty; send a JSON object.", code="invalid_json")
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("The request body must be a JSON object.", code="invalid_json")
+    return payload
+
+
+def model_of(route: Route, payload: dict[str, Any]) -> str | None:
+    model = payload.get("model")
+    if model is None:
+        if route.model_required:
+            raise BadRequest("You must provide a model parameter.", code="missing_model", param="model")
+        return None
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string.", code="invalid_model", param="model")
+    return model

@@ -1,0 +1,186 @@
+"""Every ``taogate_*`` metric, declared in one place on an injected registry.
+
+Per-request metrics are counters and histograms updated once at the end of a request (never inside
+the picker). Per-instance state (in-flight, queued prefill, health, breaker, engine scrape, speed) is
+read from the live objects at scrape time by a collector, so it costs nothing per request.
+
+Label values are bounded: instance names come from config, tags from ``[prefill] tag`` (or ``none``),
+routes from the route table, models from what the instances serve (``unknown`` otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from taogate.dispatcher import Dispatcher
+    from taogate.fleet import Fleet
+
+# From a 5 ms tiny request to a multi-minute long-prefill stream.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "taogate_requests",
+            "Requests answered, by route, model, instance, status class and tag.",
+            ["route", "model", "instance", "status_class", "tag"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "taogate_request_duration_seconds",
+            "Whole request time at the gateway, queue wait included.",
+            ["route", "instance", "tag"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "taogate_time_to_first_byte_seconds",
+            "Time from dispatch to the instance's first response byte (TTFT for streams).",
+            ["route", "instance", "tag"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "taogate_queue_wait_seconds",
+            "Time requests waited in the gateway queue for a slot.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "taogate_prompt_tokens",
+            "Prompt tokens sent to instances (from upstream usage when present, else estimated).",
+            ["instance", "tag", "source"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "taogate_completion_tokens",
+            "Completion tokens reported by instances.",
+            ["instance"],
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "taogate_rejections",
+            "Requests the gateway refused, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "taogate_retries",
+            "Attempts retried on another instance, by reason of the failed attempt.",
+            ["reason"],
+            registry=registry,
+        )
+        self.retries_denied = Counter(
+            "taogate_retries_denied",
+            "Failed attempts not retried: attempts exhausted or retry budget spent.",
+            ["reason"],
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "taogate_dispatch_decisions",
+            "Dispatch picks by strategy and reason (least_load, affinity_hit, affinity_override, ...).",
+            ["strategy", "reason"],
+            registry=registry,
+        )
+        self.stream_errors = Counter(
+            "taogate_stream_errors",
+            "Streams that ended early after their first byte, by reason.",
+            ["instance", "reason"],
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "taogate_client_disconnects",
+            "Requests whose client went away before the response was complete.",
+            registry=registry,
+        )
+        self.health_transitions = Counter(
+            "taogate_health_transitions",
+            "Health and breaker state changes per instance.",
+            ["instance", "kind", "to"],
+            registry=registry,
+        )
+
+
+class FleetCollector(Collector):
+    """Per-instance and queue gauges, read from live state when Prometheus scrapes."""
+
+    def __init__(self, fleet: Fleet, dispatcher: Dispatcher, clock: Callable[[], float]) -> None:
+        self._fleet = fleet
+        self._dispatcher = dispatcher
+        self._clock = clock
+
+    def collect(self) -> Iterable[Metric]:
+        now = self._clock()
+        fleet = self._fleet
+
+        def family(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["instance"])
+
+        inflight = family("taogate_instance_inflight", "Requests outstanding at the instance (capped).")
+        cap = family("taogate_instance_queue_cap", "max_queue_per_instance in force for the instance.")
+        prefill = family(
+            "taogate_instance_prefill_tokens",
+            "Prompt tokens sent to the instance still awaiting a first token.",
+        )
+        up = family("taogate_instance_up", "1 when health checks pass.")
+        available = family("taogate_instance_available", "1 when the instance may take new work.")
+        breaker = GaugeMetricFamily(
+            "taogate_instance_breaker_state",
+            "Circuit breaker state: 1 for the current state.",
+            labels=["instance", "state"],
+        )
+        draining = family("taogate_instance_draining", "1 while the instance is draining.")
+        speed = family("taogate_instance_prefill_speed_tokens", "Learned prefill speed, prompt tokens/s.")
+        rel = family("taogate_instance_relative_speed", "Learned prefill speed relative to the fleet median.")
+        waiting = family("taogate_engine_requests_waiting", "vllm:num_requests_waiting at the last scrape.")
+        running = family("taogate_engine_requests_running", "vllm:num_requests_running at the last scrape.")
+        kv = family("taogate_engine_kv_cache_usage", "KV cache usage (0-1) at the last scrape.")
+        age = family("taogate_engine_scrape_age_seconds", "Seconds since the instance's last good scrape.")
+        for inst in fleet:
+            n = inst.name
+            inflight.add_metric([n], inst.inflight)
+            cap.add_metric([n], inst.spec.cap)
+            prefill.add_metric([n], inst.prefill_tokens)
+            up.add_metric([n], 1.0 if inst.up else 0.0)
+            available.add_metric([n], 1.0 if inst.available(now) else 0.0)
+            state = inst.breaker.state(now).value
+            for s in ("closed", "open", "half_open"):
+                breaker.add_metric([n, s], 1.0 if s == state else 0.0)
+            draining.add_metric([n], 1.0 if inst.draining else 0.0)
+            speed.add_metric([n], fleet.speeds.speed(n))
+            rel.add_metric([n], fleet.speeds.relative(n))
+            sample = inst.engine
+            if sample is not None:
+                if sample.waiting is not None:
+                    waiting.add_metric([n], sample.waiting)
+                if sample.running is not None:
+                    running.add_metric([n], sample.running)
+                if sample.kv_usage is not None:
+                    kv.add_metric([n], sample.kv_usage)
+                age.add_metric([n], max(0.0, now - inst.engine_at))
+        queue = GaugeMetricFamily("taogate_queue_length", "Requests waiting in the gateway queue.")
+        queue.add_metric([], self._dispatcher.queued)
+        yield from (
+            inflight,
+            cap,
+            prefill,
+            up,
+            available,
+            breaker,
+            draining,
+            speed,
+            rel,
+            waiting,
+            running,
+            kv,
+            age,
+        )
+        yield queue

@@ -1,0 +1,173 @@
+"""Background loops owned by the gateway's lifespan: health probes and engine scrapes.
+
+Probes never block requests: they run on their own schedule, with their own short timeout, and only
+publish results into each Instance. Every state change is logged once and counted, not every probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from taogate.breaker import BreakerTransition
+from taogate.health import HealthState
+from taogate.scrape import ScrapeError, parse_vllm_metrics
+
+if TYPE_CHECKING:
+    from taogate.gateway import Gateway
+    from taogate.instances import Instance
+
+log = logging.getLogger("taogate.health")
+
+
+class Probes:
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        client = self._gw.client
+        assert client is not None
+        return client
+
+    async def start(self) -> None:
+        # One round before serving, so a fresh gateway knows who is up and what they serve.
+        await asyncio.gather(self.probe_all(), self.scrape_all())
+        self._tasks = [
+            asyncio.create_task(
+                self._loop(self.probe_all, lambda: self._gw.settings.dispatch.health_check_interval)
+            ),
+            asyncio.create_task(
+                self._loop(self.scrape_all, lambda: self._gw.settings.dispatch.scrape_interval)
+            ),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def reconfigure(self) -> None:
+        """Intervals are read at every tick; a reload only needs new instances probed soon."""
+        for inst in self._gw.fleet:
+            if inst.health.state is HealthState.UNKNOWN:
+                asyncio.get_running_loop().create_task(self.probe(inst))
+
+    @staticmethod
+    async def _loop(tick: Any, interval: Any) -> None:
+        while True:
+            period = interval()
+            if period <= 0:
+                await asyncio.sleep(1.0)
+                continue
+            await asyncio.sleep(period)
+            try:
+                await tick()
+            except Exception:  # a probe bug must not end probing
+                log.exception("background probe round failed")
+
+    def _headers(self, inst: Instance) -> dict[str, str]:
+        return {"authorization": f"Bearer {inst.spec.api_key}"} if inst.spec.api_key else {}
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(i) for i in list(self._gw.fleet) if not i.spec.overflow))
+        self._gw.dispatcher.pump()  # a breaker cool-down may have ended since the last round
+
+    async def probe(self, inst: Instance) -> None:
+        """GET /health, then /v1/models to learn (and refresh) what the instance serves."""
+        timeout = self._gw.settings.dispatch.health_timeout
+        ok = False
+        detail = ""
+        try:
+            r = await self._client.get(
+                inst.spec.url + "/health", timeout=timeout, headers=self._headers(inst)
+            )
+            ok = r.status_code == 200
+            detail = f"/health answered {r.status_code}"
+            if ok:
+                await self._learn_models(inst, limit=timeout)
+        except (httpx.HTTPError, OSError) as exc:
+            detail = f"/health failed: {type(exc).__name__}"
+        transition = inst.health.record(ok, self._gw.clock())
+        if transition is None:
+            return
+        to = transition.to.value
+        self._gw.metrics.health_transitions.labels(inst.name, "health", to).inc()
+        if transition.to is HealthState.UP:
+            log.info(
+                "instance %s is up (%s); serving %s", inst.name, inst.spec.url, sorted(inst.models) or "?"
+            )
+            self._gw.dispatcher.pump()
+        else:
+            log.warning("instance %s is %s: %s", inst.name, to, detail)
+
+    async def _learn_models(self, inst: Instance, *, limit: float) -> None:
+        try:
+            r = await self._client.get(
+                inst.spec.url + "/v1/models", timeout=limit, headers=self._headers(inst)
+            )
+            if r.status_code != 200:
+                return
+            data = orjson.loads(r.content).get("data")
+        except (httpx.HTTPError, OSError, orjson.JSONDecodeError, AttributeError):
+            return
+        if not isinstance(data, list):
+            return
+        cards = {m["id"]: m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)}
+        if cards and set(cards) != set(inst.models):
+            log.info("instance %s serves %s", inst.name, ", ".join(sorted(cards)))
+        inst.model_cards = cards
+        inst.models = frozenset(cards)
+
+    async def scrape_all(self) -> None:
+        if self._gw.settings.dispatch.scrape_interval <= 0:
+            return
+        await asyncio.gather(*(self.scrape(i) for i in list(self._gw.fleet) if not i.spec.overflow))
+
+    async def scrape(self, inst: Instance) -> None:
+        timeout = self._gw.settings.dispatch.health_timeout
+        error = ""
+        try:
+            r = await self._client.get(
+                inst.spec.url + "/metrics", timeout=timeout, headers=self._headers(inst)
+            )
+            if r.status_code == 200:
+                inst.record_scrape(parse_vllm_metrics(r.text), self._gw.clock())
+                if not inst.scrape_ok:
+                    inst.scrape_ok = True
+                    log.info("instance %s: engine metrics are back", inst.name)
+                return
+            error = f"/metrics answered {r.status_code}"
+        except (httpx.HTTPError, OSError) as exc:
+            error = f"/metrics failed: {type(exc).__name__}"
+        except ScrapeError as exc:
+            error = f"/metrics unreadable: {exc}"
+        if inst.scrape_ok:
+            inst.scrape_ok = False
+            log.warning(
+                "instance %s: %s; dispatch goes on with the gateway's own counts for it", inst.name, error
+            )
+
+    def breaker_changed(self, inst: Instance, transition: BreakerTransition) -> None:
+        to = transition.to.value
+        self._gw.metrics.health_transitions.labels(inst.name, "breaker", to).inc()
+        if to == "open":
+            log.warning(
+                "instance %s ejected for %.0fs after repeated request failures",
+                inst.name,
+                self._gw.settings.dispatch.breaker_cooldown,
+            )
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._gw.settings.dispatch.breaker_cooldown + 0.01, self._gw.dispatcher.pump)
+        else:
+            log.info("instance %s breaker %s", inst.name, to)
+            self._gw.dispatcher.pump()

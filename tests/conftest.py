@@ -1,0 +1,80 @@
+"""Shared fixtures: emulated vLLM instances and a real gateway, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from taogate.app import TaogateApp, create_app
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.fleet import Fleet, run_fleet
+from taogate.serving import serve_asgi
+from taogate.settings import Settings
+
+KEY = "test-unified-key"
+ENV = {"TAOTOKEN_API_KEY": KEY}
+
+# Real uvicorn servers on loopback: no proxy from the environment may intercept them.
+for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    os.environ.pop(_name, None)
+os.environ["NO_PROXY"] = "127.0.0.1,localhost"
+
+
+@dataclass
+class Running:
+    """A gateway in front of an emulated fleet."""
+
+    url: str  # http://127.0.0.1:PORT
+    app: TaogateApp
+    fleet: Fleet
+
+    @property
+    def api(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def gateway(self) -> Any:
+        return self.app.gateway
+
+
+def gateway_settings(urls: list[str], **sections: dict[str, Any]) -> Settings:
+    """Settings for tests: fast probes and scrapes, the given instances; sections override."""
+    data: dict[str, Any] = {
+        "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30},
+        "dispatch": {"health_check_interval": 0.5, "scrape_interval": 0.2, "health_timeout": 1.0},
+        "instances": [{"url": u, "name": f"i{n}"} for n, u in enumerate(urls)],
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return Settings(**data)
+
+
+@asynccontextmanager
+async def running_gateway(
+    configs: list[EmulatorConfig], **sections: dict[str, Any]
+) -> AsyncIterator[Running]:
+    async with run_fleet(configs) as fleet:
+        app = create_app(gateway_settings(fleet.urls, **sections), environ=ENV)
+        async with serve_asgi(app) as served:
+            yield Running(served.url, app, fleet)
+
+
+GatewayFactory = Callable[..., AbstractAsyncContextManager[Running]]
+
+
+@pytest.fixture
+def gateway_factory() -> GatewayFactory:
+    return running_gateway
+
+
+@pytest.fixture
+async def gw() -> AsyncIterator[Running]:
+    """A gateway in front of two default emulated instances (prefix caching on)."""
+    configs = [EmulatorConfig(enable_prefix_caching=True, seed=i) for i in range(2)]
+    async with running_gateway(configs) as running:
+        yield running
