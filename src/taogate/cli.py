@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -56,6 +57,8 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Health probes and scrapes would log a line each; state changes are logged by taogate itself.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @app.callback()
@@ -159,6 +162,115 @@ def init(
             raise typer.Exit(1)
         target.write_text((templates / name).read_text(encoding="utf-8"), encoding="utf-8")
         typer.echo(f"wrote {target}")
+
+
+UrlOpt = Annotated[
+    str | None, typer.Option("--url", help="Gateway URL (default: from [gateway] host and port).")
+]
+KeyOpt = Annotated[
+    str | None, typer.Option("--key", help="Admin key (default: the env var named by the config).")
+]
+
+
+def _admin(config: Path | None, url: str | None, key: str | None) -> tuple[str, str]:
+    settings = _load(config, None, {})
+    if url is None:
+        host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
+        url = f"http://{host}:{settings.gateway.port}"
+    if key is None:
+        try:
+            key = settings.admin_key()
+        except ConfigError as exc:
+            typer.echo(f"taogate: {exc}", err=True)
+            raise typer.Exit(2) from None
+    return url.rstrip("/"), key
+
+
+def _call(method: str, url: str, key: str) -> Any:
+    import httpx
+
+    try:
+        r = httpx.request(
+            method, url, headers={"authorization": f"Bearer {key}"}, timeout=10, trust_env=False
+        )
+    except httpx.HTTPError as exc:
+        typer.echo(f"taogate: cannot reach {url}: {exc}", err=True)
+        raise typer.Exit(3) from None
+    if r.status_code != 200:
+        typer.echo(f"taogate: {url} answered {r.status_code}: {r.text}", err=True)
+        raise typer.Exit(1)
+    return r.json()
+
+
+@app.command()
+def status(
+    config: ConfigOpt = None,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Every instance side by side: health, queues, engine state, last-minute TTFT, speed, verdict."""
+    base, secret = _admin(config, url, key)
+    data = _call("GET", base + "/admin/instances", secret)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"taogate at {base}: {data['queued']} waiting in the gateway queue")
+    columns = [
+        ("instance", "name"),
+        ("health", "health"),
+        ("breaker", "breaker"),
+        ("in flight", "inflight"),
+        ("cap", "cap"),
+        ("prefill tok", "prefill_tokens"),
+        ("eng wait", "engine_waiting"),
+        ("eng run", "engine_running"),
+        ("KV", "kv_usage"),
+        ("req/1m", "requests_1m"),
+        ("TTFT p50", "ttft_p50"),
+        ("TTFT p99", "ttft_p99"),
+        ("speed x med", "relative_speed"),
+        ("verdict", "verdict"),
+    ]
+    for title, _ in columns:
+        table.add_column(title, justify="left" if title in ("instance", "verdict") else "right")
+    for row in data["instances"]:
+        table.add_row(*("-" if row.get(k) is None else str(row.get(k)) for _, k in columns))
+    Console().print(table)
+
+
+@app.command()
+def drain(
+    name: Annotated[str, typer.Argument(help="Instance name.")],
+    config: ConfigOpt = None,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Stop sending new work to an instance; its in-flight requests finish (rolling restarts)."""
+    base, secret = _admin(config, url, key)
+    typer.echo(json.dumps(_call("POST", f"{base}/admin/instances/{name}/drain", secret)))
+
+
+@app.command()
+def undrain(
+    name: Annotated[str, typer.Argument(help="Instance name.")],
+    config: ConfigOpt = None,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Let a drained instance take work again."""
+    base, secret = _admin(config, url, key)
+    typer.echo(json.dumps(_call("POST", f"{base}/admin/instances/{name}/undrain", secret)))
+
+
+@app.command()
+def reload(config: ConfigOpt = None, url: UrlOpt = None, key: KeyOpt = None) -> None:
+    """Ask a running gateway to re-read its config files (like SIGHUP)."""
+    base, secret = _admin(config, url, key)
+    typer.echo(json.dumps(_call("POST", f"{base}/admin/reload", secret)))
 
 
 def _register_optional_commands() -> None:

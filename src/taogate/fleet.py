@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.speed import SpeedEstimator, slow_instances
 from taogate.dispatch.types import InstanceView
 from taogate.instances import Instance, InstanceSpec
 from taogate.settings import InstanceSettings, Settings
@@ -51,6 +51,7 @@ class Fleet:
         self._retired: list[Instance] = []  # removed by reload, still finishing their leases
         self.speeds = speeds
         self._settings = settings
+        self.slow: frozenset[str] = frozenset()  # flagged by the slow-instance detector
 
     @property
     def health_interval(self) -> float:
@@ -146,6 +147,14 @@ class Fleet:
                 why = "ok"
             parts.append(f"{inst.name}: {why}")
         return ", ".join(parts)
+
+    def update_slow(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Re-run the slow-instance detector; returns (newly flagged, newly cleared)."""
+        stats = {name: stat for name, stat in self.speeds.snapshot().items() if name in self._instances}
+        slow = slow_instances(stats, self.slow)
+        flagged, cleared = slow - self.slow, self.slow - slow
+        self.slow = slow
+        return flagged, cleared
 
     def all_inflight(self) -> int:
         return sum(i.inflight for i in self._instances.values()) + sum(i.inflight for i in self._retired)

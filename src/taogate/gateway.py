@@ -514,7 +514,8 @@ class Gateway:
         await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
 
     def _account(self, rec: RequestRecord) -> None:
-        rec.duration = self.clock() - rec.started
+        now = self.clock()
+        rec.duration = now - rec.started
         m = self.metrics
         instance = rec.instance or "none"
         tag = self.settings.prefill.tag if rec.long else "none"
@@ -532,4 +533,13 @@ class Gateway:
                 m.prompt_tokens.labels(instance, tag, "estimate").inc(rec.prompt_tokens_est)
             if rec.completion_tokens:
                 m.completion_tokens.labels(instance).inc(rec.completion_tokens)
+            inst = self.fleet.find(rec.instance)
+            if inst is not None:
+                inst.window.record(
+                    now,
+                    ok=rec.status < 500,
+                    prompt_tokens=rec.prompt_tokens or rec.prompt_tokens_est or 0,
+                    completion_tokens=rec.completion_tokens or 0,
+                    ttft=rec.ttfb,
+                )
         self.access.emit(rec)

@@ -21,6 +21,7 @@ from taogate.breaker import Breaker
 from taogate.dispatch.types import InstanceView, Role
 from taogate.health import HealthState, HealthTracker
 from taogate.scrape import EngineSample, engine_stats
+from taogate.window import RollingWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ class Instance:
         self.engine_at = 0.0  # monotonic time of the last good scrape
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
         self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
+        self.window = RollingWindow()  # the last minute, for the side-by-side status
 
     @property
     def name(self) -> str:

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from taogate.scrape import hit_rate
+
 if TYPE_CHECKING:
     from taogate.dispatcher import Dispatcher
     from taogate.fleet import Fleet
@@ -140,9 +142,15 @@ class FleetCollector(Collector):
         draining = family("taogate_instance_draining", "1 while the instance is draining.")
         speed = family("taogate_instance_prefill_speed_tokens", "Learned prefill speed, prompt tokens/s.")
         rel = family("taogate_instance_relative_speed", "Learned prefill speed relative to the fleet median.")
+        slow = family(
+            "taogate_instance_slow", "1 when the instance is flagged slow (speed well below median)."
+        )
         waiting = family("taogate_engine_requests_waiting", "vllm:num_requests_waiting at the last scrape.")
         running = family("taogate_engine_requests_running", "vllm:num_requests_running at the last scrape.")
         kv = family("taogate_engine_kv_cache_usage", "KV cache usage (0-1) at the last scrape.")
+        hits = family(
+            "taogate_engine_prefix_cache_hit_rate", "Prefix cache hit rate between the last scrapes."
+        )
         age = family("taogate_engine_scrape_age_seconds", "Seconds since the instance's last good scrape.")
         for inst in fleet:
             n = inst.name
@@ -157,6 +165,7 @@ class FleetCollector(Collector):
             draining.add_metric([n], 1.0 if inst.draining else 0.0)
             speed.add_metric([n], fleet.speeds.speed(n))
             rel.add_metric([n], fleet.speeds.relative(n))
+            slow.add_metric([n], 1.0 if n in fleet.slow else 0.0)
             sample = inst.engine
             if sample is not None:
                 if sample.waiting is not None:
@@ -166,21 +175,11 @@ class FleetCollector(Collector):
                 if sample.kv_usage is not None:
                     kv.add_metric([n], sample.kv_usage)
                 age.add_metric([n], max(0.0, now - inst.engine_at))
+                rate = hit_rate(inst.engine_prev, sample) if inst.engine_prev is not None else None
+                if rate is not None:
+                    hits.add_metric([n], rate)
         queue = GaugeMetricFamily("taogate_queue_length", "Requests waiting in the gateway queue.")
         queue.add_metric([], self._dispatcher.queued)
-        yield from (
-            inflight,
-            cap,
-            prefill,
-            up,
-            available,
-            breaker,
-            draining,
-            speed,
-            rel,
-            waiting,
-            running,
-            kv,
-            age,
-        )
+        yield from (inflight, cap, prefill, up, available, breaker, draining, speed, rel, slow)
+        yield from (waiting, running, kv, hits, age)
         yield queue

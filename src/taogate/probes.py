@@ -81,6 +81,23 @@ class Probes:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(i) for i in list(self._gw.fleet) if not i.spec.overflow))
         self._gw.dispatcher.pump()  # a breaker cool-down may have ended since the last round
+        self.check_slow()
+
+    def check_slow(self) -> None:
+        """Run the slow-instance detector; one log line per change, not per check."""
+        fleet = self._gw.fleet
+        flagged, cleared = fleet.update_slow()
+        for name in sorted(flagged):
+            log.warning(
+                "instance %s is slow: its prefill speed is %.2fx the fleet median whatever the dispatch; "
+                "look inside it (AllReduce, host-device copies)",
+                name,
+                fleet.speeds.relative(name),
+            )
+            self._gw.metrics.health_transitions.labels(name, "slow", "slow").inc()
+        for name in sorted(cleared):
+            log.info("instance %s is no longer slow (%.2fx the median)", name, fleet.speeds.relative(name))
+            self._gw.metrics.health_transitions.labels(name, "slow", "ok").inc()
 
     async def probe(self, inst: Instance) -> None:
         """GET /health, then /v1/models to learn (and refresh) what the instance serves."""
@@ -132,6 +149,7 @@ class Probes:
         if self._gw.settings.dispatch.scrape_interval <= 0:
             return
         await asyncio.gather(*(self.scrape(i) for i in list(self._gw.fleet) if not i.spec.overflow))
+        self.check_slow()
 
     async def scrape(self, inst: Instance) -> None:
         timeout = self._gw.settings.dispatch.health_timeout
