@@ -30,7 +30,7 @@ from taogate.auth import KeyCheck, header
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.tokens import PromptSize, TokenEstimator, prompt_size
+from taogate.dispatch.tokens import PromptSize, TokenEstimator, load_exact_counter, prompt_size
 from taogate.dispatch.types import RequestFacts
 from taogate.dispatcher import Dispatcher
 from taogate.errors import GatewayError, NoInstance, sse_error_event
@@ -103,6 +103,8 @@ class Gateway:
         self.keys = KeyCheck(settings.api_key(env), settings.admin_key(env))
         self.speeds = SpeedEstimator()
         self.tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
+        # Optional exact counts for plain text; TokenizerUnavailable names what is missing.
+        self._exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None
         self.fleet = Fleet(settings, self.speeds)
         self.fleet.apply(settings, specs_from_settings(settings, env))
         self.dispatcher = Dispatcher(
@@ -182,7 +184,7 @@ class Gateway:
     def facts(
         self, route: Route, payload: dict[str, Any], model: str | None
     ) -> tuple[RequestFacts, PromptSize]:
-        size = prompt_size(route.kind, payload)
+        size = prompt_size(route.kind, payload, self._exact)
         tokens = self.tokens.estimate(model, size)
         shared = shared_prefix(route.kind, payload) if self.settings.dispatch.prefix_affinity else None
         return (

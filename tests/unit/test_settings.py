@@ -178,3 +178,30 @@ def test_shipped_config_is_the_init_template_and_loads() -> None:
     )
     s = load_settings(ROOT / "config.toml")
     assert len(s.instances) == 4 and s.gateway.prefix == "/api"
+
+
+def test_readme_config_reference_lists_every_key() -> None:
+    from taogate.settings import (
+        DispatchSettings,
+        GatewaySettings,
+        InstanceSettings,
+        PrefillSettings,
+        RetrySettings,
+    )
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = {
+        (cells[1].strip("` "), cells[2].strip("` "))
+        for line in readme.splitlines()
+        if line.startswith("| `") and len(cells := line.split("|")) > 3
+    }
+    sections = {
+        "gateway": GatewaySettings,
+        "dispatch": DispatchSettings,
+        "dispatch.retry": RetrySettings,
+        "prefill": PrefillSettings,
+        "instances": InstanceSettings,
+    }
+    expected = {(sec, name) for sec, cls in sections.items() for name in cls.model_fields if name != "retry"}
+    assert expected - rows == set()
+    assert {r for r in rows if r[0] in sections} - expected == set()
