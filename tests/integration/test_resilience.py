@@ -1,0 +1,264 @@
+"""Chaos on 127.0.0.1: instances that hang, fail, break streams, die and come back; clients that
+hang up. Nothing is lost: no failed request that another instance could serve, no leaked slot."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from taogate.emulator.config import EmulatorConfig
+from taogate.serving import bind_socket
+from tests.conftest import KEY, GatewayFactory, Running, running_gateway
+
+MODEL = "emulated-model"
+AUTH = {"authorization": f"Bearer {KEY}"}
+FAST_RETRY = {"retry": {"backoff_base": 0.01, "backoff_max": 0.05, "budget_ratio": 0.5}}
+
+
+def fleet(n: int, **kw: Any) -> list[EmulatorConfig]:
+    return [EmulatorConfig(seed=i, step_overhead=0.002, **kw) for i in range(n)]
+
+
+def body(i: int, stream: bool = False, max_tokens: int = 2) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": f"request {i} hello", "max_tokens": max_tokens, "stream": stream}
+
+
+async def run_load(gw: Running, n: int, concurrency: int, stream: bool = False) -> list[int]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(h: httpx.AsyncClient, i: int) -> int:
+        async with sem:
+            if not stream:
+                return (await h.post(gw.api + "/completions", json=body(i))).status_code
+            async with h.stream("POST", gw.api + "/completions", json=body(i, True)) as r:
+                data = b"".join([c async for c in r.aiter_bytes()])
+                return r.status_code if data.endswith(b"data: [DONE]\n\n") and b'"error"' not in data else 599
+
+    async with httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+        return list(await asyncio.gather(*(one(h, i) for i in range(n))))
+
+
+def assert_nothing_leaked(gw: Running) -> None:
+    for inst in gw.gateway.fleet:
+        assert (inst.inflight, inst.prefilling, inst.prefill_tokens) == (0, 0, 0), inst.name
+    assert gw.gateway.dispatcher.queued == 0
+
+
+async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_a_hung_instance_is_failed_over_then_ejected(gateway_factory: GatewayFactory) -> None:
+    dispatch = {**FAST_RETRY, "breaker_failures": 2, "breaker_cooldown": 30.0}
+    async with gateway_factory(fleet(3), gateway={"request_timeout": 0.5}, dispatch=dispatch) as gw:
+        gw.fleet.instances[0].faults.hang = True
+        statuses: list[int] = []
+        for _ in range(6):  # rounds: each starts with i0 idle, so it is tried until the breaker opens
+            statuses += await run_load(gw, 6, 3)
+        assert statuses == [200] * 36
+        i0 = gw.gateway.fleet.get("i0")
+        assert i0.breaker.state(gw.gateway.clock()).value == "open"
+        assert gw.fleet.instances[0].stats()["requests_seen"] == 2  # the breaker keeps new work away
+        async with httpx.AsyncClient() as h:
+            metrics = (await h.get(gw.url + "/metrics")).text
+        assert 'taogate_retries_total{reason="read_timeout"}' in metrics
+        assert_nothing_leaked(gw)
+
+
+async def test_five_percent_500s_are_invisible_to_clients(gateway_factory: GatewayFactory) -> None:
+    async with gateway_factory(fleet(3), dispatch={**FAST_RETRY, "breaker_failures": 50}) as gw:
+        gw.fleet.instances[1].faults.error_rate = 0.05
+        statuses = await run_load(gw, 200, 16)
+        assert statuses.count(200) == 200
+        errors = gw.fleet.instances[1].stats()["errors"]
+        async with httpx.AsyncClient() as h:
+            metrics = (await h.get(gw.url + "/metrics")).text
+        retried = sum(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("taogate_retries_total{")
+        )
+        assert retried == errors  # every upstream 500 was retried once, elsewhere
+        assert_nothing_leaked(gw)
+
+
+async def test_an_instance_that_always_fails_is_ejected_and_clients_never_see_it(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory(fleet(2), dispatch={**FAST_RETRY, "breaker_failures": 3}) as gw:
+        gw.fleet.instances[0].faults.error_rate = 1.0
+        assert await run_load(gw, 40, 4) == [200] * 40
+        assert gw.fleet.instances[0].stats()["errors"] <= 6  # ejected after a few failures
+        assert_nothing_leaked(gw)
+
+
+async def test_a_stream_broken_mid_way_ends_cleanly_with_an_error_event(
+    gateway_factory: GatewayFactory,
+) -> None:
+    async with gateway_factory(fleet(1)) as gw:
+        gw.fleet.instances[0].faults.close_mid_stream = 2
+        async with (
+            httpx.AsyncClient(headers=AUTH, timeout=10) as h,
+            h.stream("POST", gw.api + "/completions", json=body(1, True, 20)) as r,
+        ):
+            data = b"".join([c async for c in r.aiter_bytes()])
+        assert r.status_code == 200
+        assert b'"code":"upstream_stream_broken"' in data and data.endswith(b"data: [DONE]\n\n")
+        assert_nothing_leaked(gw)
+
+
+async def test_a_stalled_stream_is_ended_by_the_idle_timeout(gateway_factory: GatewayFactory) -> None:
+    async with gateway_factory(fleet(1), gateway={"stream_idle_timeout": 0.3}) as gw:
+        gw.fleet.instances[0].faults.latency_spike = 1.5
+        async with (
+            httpx.AsyncClient(headers=AUTH, timeout=10) as h,
+            h.stream("POST", gw.api + "/completions", json=body(1, True, 20)) as r,
+        ):
+            data = b"".join([c async for c in r.aiter_bytes()])
+        assert b'"code":"stream_idle_timeout"' in data and data.endswith(b"data: [DONE]\n\n")
+        await wait_for(lambda: gw.fleet.instances[0].stats()["in_flight"] == 0)
+        assert_nothing_leaked(gw)
+
+
+async def test_randomized_disconnects_and_timeouts_leak_nothing(gateway_factory: GatewayFactory) -> None:
+    rng = random.Random(7)
+    async with gateway_factory(fleet(3), dispatch={"max_queue_per_instance": 4, "queue_size": 1000}) as gw:
+
+        async def one(h: httpx.AsyncClient, i: int) -> None:
+            timeout = rng.uniform(0.005, 0.25)
+            try:
+                if rng.random() < 0.5:
+                    async with h.stream(
+                        "POST", gw.api + "/completions", json=body(i, True, 50), timeout=timeout
+                    ) as r:
+                        async for _ in r.aiter_bytes():
+                            if rng.random() < 0.3:
+                                break  # hang up mid-stream
+                else:
+                    await h.post(gw.api + "/completions", json=body(i, False, 30), timeout=timeout)
+            except httpx.HTTPError:
+                pass
+
+        async def worker(ids: range) -> None:
+            async with httpx.AsyncClient(headers=AUTH) as h:
+                for i in ids:
+                    await one(h, i)
+
+        await asyncio.gather(*(worker(range(w, 1000, 25)) for w in range(25)))
+        await wait_for(lambda: all(inst.inflight == 0 for inst in gw.gateway.fleet), 15)
+        await wait_for(lambda: all(e.stats()["in_flight"] == 0 for e in gw.fleet.instances), 15)
+        assert_nothing_leaked(gw)
+        assert sum(e.stats()["aborted"] for e in gw.fleet.instances) > 20
+        assert all(e.stats()["running"] == 0 and e.stats()["waiting"] == 0 for e in gw.fleet.instances)
+        async with httpx.AsyncClient() as h:
+            metrics = (await h.get(gw.url + "/metrics")).text
+        assert "taogate_client_disconnects_total" in metrics
+
+
+async def test_reload_under_load_fails_no_request(gateway_factory: GatewayFactory) -> None:
+    async with gateway_factory(fleet(3)) as gw:
+        g = gw.gateway
+        original = g.settings
+        load = asyncio.create_task(run_load(gw, 150, 8))
+        for step in range(6):
+            await asyncio.sleep(0.05)
+            instances = [i.model_dump() for i in original.instances]
+            keep = instances if step % 2 else instances[:2]  # drop i2, then bring it back
+            g.reload(
+                original.model_copy(update={"instances": [type(original.instances[0])(**i) for i in keep]})
+            )
+        assert await load == [200] * 150
+        await wait_for(lambda: g.fleet.all_inflight() == 0)
+        assert_nothing_leaked(gw)
+
+
+async def _spawn_emulator(port: int) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "taogate.emulator",
+        "--port",
+        str(port),
+        "--step-overhead",
+        "0.002",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert b"emulator ready" in line, line
+    return proc
+
+
+@pytest.mark.slow
+async def test_killing_an_instance_mid_load_loses_no_request() -> None:
+    ports = []
+    for _ in range(3):
+        s = bind_socket("127.0.0.1", 0)
+        ports.append(s.getsockname()[1])
+        s.close()
+    procs = [await _spawn_emulator(p) for p in ports]
+    from taogate.app import create_app
+    from taogate.serving import serve_asgi
+    from tests.conftest import ENV, gateway_settings
+
+    try:
+        settings = gateway_settings(
+            [f"http://127.0.0.1:{p}" for p in ports],
+            dispatch={**FAST_RETRY, "health_check_interval": 0.3, "unhealthy_after": 1},
+        )
+        app = create_app(settings, environ=ENV)
+        async with serve_asgi(app) as served:
+            gw = app.gateway
+            sem = asyncio.Semaphore(16)
+            results: list[int] = []
+
+            async def one(h: httpx.AsyncClient, i: int) -> None:
+                async with sem:
+                    r = await h.post(served.url + "/v1/completions", json=body(i, False, 8))
+                    results.append(r.status_code)
+
+            async with httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+                load = asyncio.gather(*(one(h, i) for i in range(200)))
+                await wait_for(lambda: len(results) >= 50)
+                procs[0].send_signal(signal.SIGKILL)
+                await procs[0].wait()
+                await load
+                assert results == [200] * 200
+                await wait_for(lambda: not gw.fleet.get("i0").up, 2.0)  # ejected within a probe interval
+                procs[0] = await _spawn_emulator(ports[0])
+                await wait_for(lambda: gw.fleet.get("i0").up, 5.0)  # readmitted after restart
+                r = await h.post(served.url + "/v1/completions", json=body(0))
+                assert r.status_code == 200
+            assert gw.fleet.all_inflight() == 0
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                await p.wait()
+
+
+async def test_graceful_stop_finishes_in_flight_and_refuses_new_work() -> None:
+    """Graceful stop: in-flight requests finish; new ones are refused with 503."""
+    async with (
+        running_gateway(fleet(1), dispatch={"max_queue_per_instance": 1}) as gw,
+        httpx.AsyncClient(headers=AUTH, timeout=10) as h,
+    ):
+        slow = asyncio.create_task(h.post(gw.api + "/completions", json=body(1, False, 40)))
+        await wait_for(lambda: gw.gateway.fleet.get("i0").inflight == 1)
+        stopping = asyncio.create_task(gw.gateway.stop())
+        await asyncio.sleep(0.05)
+        r = await h.post(gw.api + "/completions", json=body(2))
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        assert (await slow).status_code == 200
+        await stopping
