@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from taogate.access_log import AccessLog, RequestRecord
 from taogate.auth import KeyCheck, header
+from taogate.discovery import Resolver, discovered_specs, system_resolver
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.speed import SpeedEstimator
@@ -35,7 +36,7 @@ from taogate.dispatch.types import RequestFacts
 from taogate.dispatcher import Dispatcher
 from taogate.errors import GatewayError, NoInstance, sse_error_event
 from taogate.fleet import Fleet, specs_from_settings
-from taogate.instances import Instance, Lease
+from taogate.instances import Instance, InstanceSpec, Lease
 from taogate.intake import ClientGone, Route, model_of, parse_json_object, read_body
 from taogate.metrics import FleetCollector, GatewayMetrics
 from taogate.probes import Probes
@@ -93,6 +94,7 @@ class Gateway:
         registry: CollectorRegistry | None = None,
         rng: Callable[[], float] = random.random,
         settings_source: Callable[[], Settings] | None = None,
+        resolver: Resolver = system_resolver,
     ) -> None:
         env = os.environ if environ is None else environ
         self.settings = settings
@@ -100,13 +102,15 @@ class Gateway:
         self._rng = rng
         self._environ = env
         self._settings_source = settings_source
+        self.resolver = resolver
+        self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by the probes
         self.keys = KeyCheck(settings.api_key(env), settings.admin_key(env))
         self.speeds = SpeedEstimator()
         self.tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
         # Optional exact counts for plain text; TokenizerUnavailable names what is missing.
         self._exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None
         self.fleet = Fleet(settings, self.speeds)
-        self.fleet.apply(settings, specs_from_settings(settings, env))
+        self.fleet.apply(settings, self._specs(settings))
         self.dispatcher = Dispatcher(
             self.fleet,
             self._make_policy(settings),
@@ -163,10 +167,11 @@ class Gateway:
     def reload(self, settings: Settings) -> tuple[list[str], list[str], list[str]]:
         """Apply a new validated config; in-flight requests keep their leases."""
         keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
-        specs = specs_from_settings(settings, self._environ)
+        if settings.discovery.dns != self.settings.discovery.dns:
+            self.discovered = []  # another name: its addresses come with the next resolution
         self.keys = keys
         self.settings = settings
-        changes = self.fleet.apply(settings, specs)
+        changes = self.fleet.apply(settings, self._specs(settings))
         self.access = AccessLog(settings.gateway.log_format)
         self._timeouts = request_timeouts(settings.gateway).as_dict()
         d = settings.dispatch
@@ -179,6 +184,21 @@ class Gateway:
         added, removed, changed = changes
         log.info("config reloaded: added %s, removed %s, changed %s", added, removed, changed)
         return changes
+
+    def _specs(self, settings: Settings) -> list[InstanceSpec]:
+        static = specs_from_settings(settings, self._environ)
+        names = {s.name for s in static}
+        return static + [d for d in self.discovered if d.name not in names]
+
+    def set_discovered(self, addresses: list[str]) -> tuple[list[str], list[str]]:
+        """Install a new set of discovered addresses; returns (joined, left) instance names."""
+        specs = discovered_specs(addresses, self.settings.discovery, self.settings, self._environ)
+        if specs == self.discovered:
+            return [], []
+        self.discovered = specs
+        added, removed, _ = self.fleet.apply(self.settings, self._specs(self.settings))
+        self.dispatcher.pump()
+        return added, removed
 
     # -- one request ----------------------------------------------------------------------------
     def facts(

@@ -29,6 +29,8 @@ class Probes:
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
         self._tasks: list[asyncio.Task[None]] = []
+        self._oneshots: set[asyncio.Task[None]] = set()
+        self._dns_ok = True
 
     @property
     def _client(self) -> httpx.AsyncClient:
@@ -38,8 +40,10 @@ class Probes:
 
     async def start(self) -> None:
         # One round before serving, so a fresh gateway knows who is up and what they serve.
+        await self.discover()
         await asyncio.gather(self.probe_all(), self.scrape_all())
         self._tasks = [
+            asyncio.create_task(self._loop(self.discover, lambda: self._gw.settings.discovery.interval)),
             asyncio.create_task(
                 self._loop(self.probe_all, lambda: self._gw.settings.dispatch.health_check_interval)
             ),
@@ -49,18 +53,47 @@ class Probes:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._oneshots]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self._oneshots.clear()
 
     def reconfigure(self) -> None:
         """Intervals are read at every tick; a reload only needs new instances probed soon."""
         for inst in self._gw.fleet:
-            if inst.health.state is HealthState.UNKNOWN:
-                asyncio.get_running_loop().create_task(self.probe(inst))
+            if inst.health.state is HealthState.UNKNOWN and not inst.spec.overflow:
+                task = asyncio.get_running_loop().create_task(self.probe(inst))
+                self._oneshots.add(task)
+                task.add_done_callback(self._oneshots.discard)
+
+    async def discover(self) -> None:
+        """Re-resolve ``[discovery] dns``; a failed lookup keeps the current set (logged once)."""
+        cfg = self._gw.settings.discovery
+        if cfg.dns is None:
+            return
+        try:
+            addresses = await asyncio.wait_for(self._gw.resolver(cfg.dns, cfg.port), 10)
+        except (OSError, TimeoutError) as exc:
+            if self._dns_ok:
+                self._dns_ok = False
+                log.warning(
+                    "cannot resolve %s (%s); keeping the %d instances found before",
+                    cfg.dns,
+                    exc,
+                    len(self._gw.discovered),
+                )
+            return
+        if not self._dns_ok:
+            self._dns_ok = True
+            log.info("%s resolves again", cfg.dns)
+        joined, left = self._gw.set_discovered(addresses)
+        if joined or left:
+            log.info("discovery %s: joined %s, left %s", cfg.dns, joined, left)
+            self.reconfigure()
 
     @staticmethod
     async def _loop(tick: Any, interval: Any) -> None:

@@ -184,6 +184,27 @@ class InstanceSettings(_Section):
         return self.name or urlsplit(self.url).netloc
 
 
+class DiscoverySettings(_Section):
+    """``[discovery]``: instances from a DNS name (e.g. a Kubernetes headless Service), re-resolved."""
+
+    dns: str | None = Field(default=None, description="Name whose A/AAAA records are the instances.")
+    port: int = Field(default=8000, ge=1, le=65535, description="vLLM port on every discovered address.")
+    scheme: Literal["http", "https"] = Field(default="http", description="Scheme of discovered instances.")
+    interval: float = Field(default=10.0, gt=0, description="Seconds between re-resolutions.")
+    role: Role = Field(default="any", description="Role of discovered instances.")
+    api_key_env: str | None = Field(default=None, description="Env var with the instances' own key.")
+
+    @field_validator("dns")
+    @classmethod
+    def _dns(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or any(c in v for c in "/ ?#@:")):
+            raise ValueError(
+                f"[discovery] dns = {v!r}: give a bare host name (port and scheme are separate keys), "
+                "e.g. vllm-headless.default.svc.cluster.local"
+            )
+        return v
+
+
 class ClientTimeout(_Section):
     connect: float = 10.0
     read: float = 120.0
@@ -244,6 +265,7 @@ class Settings(BaseSettings):
     overflow: InstanceSettings | None = Field(
         default=None, description="Used only when every primary instance is at its cap."
     )
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:
@@ -289,7 +311,7 @@ class Settings(BaseSettings):
                 "[dispatch.retry] backoff_base under 0.1 s: prefill retries are expensive and quick "
                 "retries deepen queues."
             )
-        if not self.instances:
+        if not self.instances and self.discovery.dns is None:
             out.append("no instances configured: every request will get 503 until some are added.")
         return out
 

@@ -182,6 +182,7 @@ def test_shipped_config_is_the_init_template_and_loads() -> None:
 
 def test_readme_config_reference_lists_every_key() -> None:
     from taogate.settings import (
+        DiscoverySettings,
         DispatchSettings,
         GatewaySettings,
         InstanceSettings,
@@ -201,6 +202,7 @@ def test_readme_config_reference_lists_every_key() -> None:
         "dispatch.retry": RetrySettings,
         "prefill": PrefillSettings,
         "instances": InstanceSettings,
+        "discovery": DiscoverySettings,
     }
     expected = {(sec, name) for sec, cls in sections.items() for name in cls.model_fields if name != "retry"}
     assert expected - rows == set()

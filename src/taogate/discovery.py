@@ -1,0 +1,53 @@
+"""Instances from DNS: every address a name resolves to is an instance, re-resolved periodically.
+
+For a Kubernetes headless Service (one A record per vLLM pod), or any name with several records.
+Addresses that appear join the fleet (probed before they take work); addresses that disappear stop
+taking new work and finish what they hold (see ``Fleet.apply``), so membership changes drop nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+
+from taogate.instances import InstanceSpec
+from taogate.settings import DiscoverySettings, Settings
+
+#: (host, port) → the addresses it resolves to; injectable so tests need no DNS server.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The system's resolver (getaddrinfo in the loop's executor: it blocks)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def discovered_specs(
+    addresses: list[str], cfg: DiscoverySettings, settings: Settings, environ: Mapping[str, str]
+) -> list[InstanceSpec]:
+    """One spec per distinct address, in a stable order, named ``address:port``."""
+    key = environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    out = []
+    for addr in sorted(set(addresses), key=_sort_key):
+        host = f"[{addr}]" if ":" in addr else addr
+        out.append(
+            InstanceSpec(
+                name=f"{host}:{cfg.port}",
+                url=f"{cfg.scheme}://{host}:{cfg.port}",
+                api_key=key,
+                role=cfg.role,
+                cap=settings.dispatch.max_queue_per_instance,
+            )
+        )
+    return out
+
+
+def _sort_key(addr: str) -> tuple[int, int | str]:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return (2, addr)
+    return (ip.version, int(ip))

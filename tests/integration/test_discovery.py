@@ -1,0 +1,108 @@
+"""DNS discovery: a name resolving to several loopback addresses, changing while the gateway runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from taogate.app import create_app
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.fleet import run_fleet
+from taogate.serving import bind_socket, serve_asgi
+from taogate.settings import Settings
+from tests.conftest import ENV, KEY
+
+AUTH = {"authorization": f"Bearer {KEY}"}
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+@contextlib.asynccontextmanager
+async def emulators_on_one_port() -> AsyncIterator[int]:
+    """One emulator on each loopback address, all on the same port (as pods behind a headless Service)."""
+    for _ in range(20):
+        probe = bind_socket("127.0.0.1", 0)
+        port = probe.getsockname()[1]
+        probe.close()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for host in HOSTS:
+                    cfg = EmulatorConfig(step_overhead=0.002, seed=len(host))
+                    await stack.enter_async_context(run_fleet([cfg], host=host, ports=[port]))
+                yield port
+                return
+        except OSError:
+            continue
+    pytest.skip("could not bind one port on three loopback addresses")
+
+
+async def test_instances_join_and_leave_without_dropped_requests(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    answer = ["127.0.0.1", "127.0.0.2"]
+
+    async def resolver(host: str, port: int) -> list[str]:
+        assert host == "vllm-headless.test"
+        return list(answer)
+
+    async with emulators_on_one_port() as port:
+        settings = Settings(
+            discovery={"dns": "vllm-headless.test", "port": port, "interval": 0.1},
+            dispatch={"health_check_interval": 0.2, "scrape_interval": 0.2},
+        )
+        app = create_app(settings, environ=ENV, resolver=resolver)
+        async with serve_asgi(app) as served:
+            gw = app.gateway
+            assert sorted(i.name for i in gw.fleet) == [f"127.0.0.1:{port}", f"127.0.0.2:{port}"]
+            statuses: list[int] = []
+            seen: set[str] = set()
+
+            async def load(h: httpx.AsyncClient) -> None:
+                for i in range(120):
+                    r = await h.post(
+                        served.url + "/v1/completions",
+                        json={"model": "emulated-model", "prompt": f"q {i}", "max_tokens": 3},
+                    )
+                    statuses.append(r.status_code)
+                    seen.add(r.headers.get("x-taogate-instance", ""))
+
+            async with httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+                task = asyncio.gather(*(load(h) for _ in range(4)))
+                await asyncio.sleep(0.3)
+                answer[:] = ["127.0.0.2", "127.0.0.3"]  # .1 leaves, .3 joins
+                await asyncio.sleep(0.6)
+                assert sorted(i.name for i in gw.fleet) == [f"127.0.0.2:{port}", f"127.0.0.3:{port}"]
+                await task
+            assert statuses == [200] * 480
+            assert f"127.0.0.3:{port}" in seen
+            assert gw.fleet.all_inflight() == 0
+    joins = [r.getMessage() for r in caplog.records if r.getMessage().startswith("discovery ")]
+    assert any("127.0.0.3" in m and "joined" in m for m in joins)
+
+
+async def test_a_failing_lookup_keeps_the_instances_found_before() -> None:
+    calls = 0
+
+    async def flaky(host: str, port: int) -> list[str]:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise OSError("temporary failure in name resolution")
+        return ["127.0.0.1"]
+
+    settings = Settings(discovery={"dns": "vllm.test", "port": 9, "interval": 0.05})
+    app = create_app(settings, environ=ENV, resolver=flaky)
+    async with serve_asgi(app):
+        await asyncio.sleep(0.3)
+        assert calls > 2
+        assert [i.name for i in app.gateway.fleet] == ["127.0.0.1:9"]
+
+
+def test_dns_setting_is_a_bare_host_name() -> None:
+    from taogate.settings import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match="bare host name"):
+        load_settings(overrides={"discovery": {"dns": "http://vllm:8000"}})
