@@ -274,9 +274,13 @@ def reload(config: ConfigOpt = None, url: UrlOpt = None, key: KeyOpt = None) -> 
 
 
 def _register_optional_commands() -> None:
+    from taogate.bench.cli import bench, demo, diagnose
     from taogate.emulator.cli import emulate
 
     app.command("emulate")(emulate)
+    app.command("bench")(bench)
+    app.command("diagnose")(diagnose)
+    app.command("demo")(demo)
 
 
 _register_optional_commands()

@@ -1,0 +1,282 @@
+"""Dispatch benchmark (issue 4's Proof): round_robin vs least_busy vs least_busy+affinity vs the pooled bound.
+
+An emulated fleet of 4 with one instance 2.5x slower (every row on a fresh fleet, in this process, on
+127.0.0.1), three workloads:
+
+(a) the article's load (64 x ~4,096 tokens, 16 at a time, max_tokens 16), prefix caching OFF and ON;
+(b) mixed traffic: 80% ~200-token / 20% ~8,000-token prompts, streaming, Poisson arrivals at 70% of the
+    fleet's prefill capacity (computed from the emulator's cost model, not guessed);
+(c) shared prefixes: 8 long system prompts, many short questions, prefix caching on.
+
+Prints one table per workload and the issue's targets next to the measured figures (PASS/FAIL).
+Everything is sized by flags; the defaults take about 2-3 minutes on 2 cores.
+
+    .venv/bin/python benchmarks/dispatch.py [--requests 64] [--mixed-requests 300] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from taogate.bench import workloads
+from taogate.bench.render import plot_runs, run_payload, write_json
+from taogate.bench.report import compare, load_spread
+from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs, run_scenario
+from taogate.emulator.config import EmulatorConfig
+
+for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    os.environ.pop(_name, None)
+
+ROWS = (
+    Scenario("round_robin", "gateway", "round_robin"),
+    Scenario("least_busy", "gateway", "least_busy"),
+    Scenario("least_busy+affinity", "gateway", "least_busy", prefix_affinity=True),
+    Scenario("pooled bound", "pooled"),
+)
+SLOW = 3
+
+
+def _f(value: float, fmt: str = ".2f") -> str:
+    return "-" if math.isnan(value) else format(value, fmt)
+
+
+def _verdict(ok: bool) -> str:
+    return "[green]PASS[/green]" if ok else "[red]FAIL[/red]"
+
+
+async def run_rows(
+    console: Console,
+    name: str,
+    wl: workloads.Workload,
+    caching: bool,
+    args: argparse.Namespace,
+    base: EmulatorConfig | None = None,
+) -> list[Outcome]:
+    configs = fleet_configs(4, {SLOW: args.slow_factor}, prefix_caching=caching, base=base)
+    out = []
+    for row in ROWS:
+        t = time.perf_counter()
+        outcome = await run_scenario(row, wl, configs=configs, max_seconds=args.max_seconds)
+        console.print(
+            f"  {name}: {row.label} done in {time.perf_counter() - t:.1f}s "
+            f"({outcome.summary.ok}/{outcome.summary.requests} ok)"
+        )
+        out.append(outcome)
+    return out
+
+
+def article_table(title: str, rows: list[Outcome]) -> Table:
+    bound = rows[-1].summary
+    t = Table(title=title, title_justify="left")
+    for col in ("dispatch", "mean s", "max s", "min s", "max/mean", "prompt tok/s", "% of bound", "errors"):
+        t.add_column(col, justify="left" if col == "dispatch" else "right")
+    for o in rows:
+        s = o.summary
+        t.add_row(
+            o.scenario.label,
+            _f(s.latency.mean),
+            _f(s.latency.max),
+            _f(s.latency.min),
+            _f(s.max_over_mean),
+            _f(s.prompt_tokens_per_s, ",.0f"),
+            _f(100 * compare(s, bound)["throughput"], ".0f") + "%",
+            str(sum(s.errors.values())),
+        )
+    return t
+
+
+def mixed_table(title: str, rows: list[Outcome]) -> Table:
+    bound = rows[-1].summary
+    t = Table(title=title, title_justify="left")
+    cols = ("dispatch", "TTFT p50 s", "TTFT p99 s", "mean s", "p99 s", "mean x bound", "TTFT p99 x bound")
+    for col in (*cols, "errors"):
+        t.add_column(col, justify="left" if col == "dispatch" else "right")
+    for o in rows:
+        s = o.summary
+        r = compare(s, bound)
+        t.add_row(
+            o.scenario.label,
+            _f(s.ttft.p50, ".3f"),
+            _f(s.ttft.p99, ".3f"),
+            _f(s.latency.mean),
+            _f(s.latency.p99),
+            _f(r["mean_latency"]),
+            _f(r["p99_ttft"]),
+            str(sum(s.errors.values())),
+        )
+    return t
+
+
+def fast_names() -> list[str]:
+    return [f"i{n}" for n in range(4) if n != SLOW]
+
+
+def shared_table(title: str, rows: list[Outcome]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("dispatch", "hit rate", "i0", "i1", "i2", f"i{SLOW} (slow)", "fast max/mean load", "mean s"):
+        t.add_column(col, justify="left" if col == "dispatch" else "right")
+    for o in rows:
+        s = o.summary
+        shares = [
+            f"{s.per_instance[n].count} ({s.per_instance[n].share:.0%})" if n in s.per_instance else "-"
+            for n in (*fast_names(), f"i{SLOW}")
+        ]
+        spread = load_spread(s.per_instance, fast_names()) if o.scenario.kind != "pooled" else math.nan
+        t.add_row(o.scenario.label, _f(o.cache_hit_rate), *shares, _f(spread), _f(s.latency.mean))
+    return t
+
+
+def fast_within(o: Outcome, factor: float = 1.5) -> bool:
+    """Every fast instance's request count within [mean/factor, mean*factor] of the fast mean."""
+    counts = [o.summary.per_instance[n].count if n in o.summary.per_instance else 0 for n in fast_names()]
+    mean = sum(counts) / len(counts)
+    return mean > 0 and all(mean / factor <= c <= mean * factor for c in counts)
+
+
+def targets(a_off: list[Outcome], a_on: list[Outcome], b: list[Outcome], c: list[Outcome]) -> Table:
+    t = Table(
+        title="issue 4 targets (fractions of the pooled bound measured in this run)", title_justify="left"
+    )
+    for col in ("workload", "target", "dispatch", "measured", "result"):
+        t.add_column(col)
+
+    def by(rows: list[Outcome], label: str) -> Outcome:
+        return next(o for o in rows if o.scenario.label == label)
+
+    for label in ("least_busy", "least_busy+affinity"):
+        off, on = by(a_off, label), by(a_on, label)
+        tp_off = compare(off.summary, a_off[-1].summary)["throughput"]
+        tp_on = compare(on.summary, a_on[-1].summary)["throughput"]
+        t.add_row(
+            "(a) caching off", "throughput >= 90% of bound", label, f"{tp_off:.0%}", _verdict(tp_off >= 0.9)
+        )
+        t.add_row(
+            "(a) caching on", "throughput >= 85% of bound", label, f"{tp_on:.0%}", _verdict(tp_on >= 0.85)
+        )
+        mm = off.summary.max_over_mean
+        t.add_row("(a) caching off", "max/mean <= 1.5", label, _f(mm), _verdict(mm <= 1.5))
+        r = compare(by(b, label).summary, b[-1].summary)
+        t.add_row(
+            "(b) mixed",
+            "mean latency <= 1.25x bound",
+            label,
+            _f(r["mean_latency"]) + "x",
+            _verdict(r["mean_latency"] <= 1.25),
+        )
+        t.add_row(
+            "(b) mixed",
+            "p99 TTFT <= 1.5x bound",
+            label,
+            _f(r["p99_ttft"]) + "x",
+            _verdict(r["p99_ttft"] <= 1.5),
+        )
+        o = by(c, label)
+        rr_hit = by(c, "round_robin").cache_hit_rate
+        hit = o.cache_hit_rate
+        t.add_row("(c) shared prefix", "hit rate >= 0.9", label, _f(hit), _verdict(hit >= 0.9))
+        t.add_row(
+            "(c) shared prefix",
+            "hit rate >= 2x round_robin's",
+            label,
+            f"{hit:.2f} vs {rr_hit:.2f}",
+            _verdict(hit >= 2 * rr_hit),
+        )
+        t.add_row(
+            "(c) shared prefix",
+            "each fast instance within 1.5x of mean load",
+            label,
+            ", ".join(
+                str(o.summary.per_instance[n].count) for n in fast_names() if n in o.summary.per_instance
+            ),
+            _verdict(fast_within(o)),
+        )
+    rr_tp = compare(by(a_off, "round_robin").summary, a_off[-1].summary)["throughput"]
+    t.add_row(
+        "(a) caching off", "reference: round robin (~55% in the issue)", "round_robin", f"{rr_tp:.0%}", ""
+    )
+    return t
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    console = Console(width=150)
+    configs = fleet_configs(4, {SLOW: args.slow_factor})
+    capacity = fleet_capacity(configs)
+    rate = args.mixed_load * capacity / workloads.mixed_mean_tokens()
+    console.print(
+        f"fleet: 4 emulated instances, i{SLOW} {args.slow_factor}x slower; prefill capacity "
+        f"{capacity:,.0f} tokens/s (from the emulator's cost model); pooled bound: one instance with the "
+        "fleet's summed speeds, batch slots and KV cache"
+    )
+    t0 = time.perf_counter()
+    article = workloads.article(args.requests, args.concurrency, args.prompt_tokens, 16)
+    a_off = await run_rows(console, "(a) caching off", article, False, args)
+    a_on = await run_rows(console, "(a) caching on", article, True, args)
+    mixed = workloads.mixed(args.mixed_requests, rate, seed=args.seed)
+    console.print(
+        f"(b) mixed: {args.mixed_requests} requests at {rate:.1f}/s = {args.mixed_load:.0%} of capacity"
+    )
+    b = await run_rows(console, "(b) mixed", mixed, False, args)
+    shared = workloads.shared_prefix(args.shared_requests, args.concurrency, system_tokens=args.system_tokens)
+    # Optionally a KV cache too small to hold every system prompt on every instance (affinity matters more).
+    c_base = EmulatorConfig(kv_cache_tokens=args.kv_tokens) if args.kv_tokens else None
+    c = await run_rows(console, "(c) shared prefix", shared, True, args, c_base)
+
+    console.print(
+        article_table(
+            f"(a) the article's load, {args.requests} x ~{args.prompt_tokens} tokens, "
+            f"{args.concurrency} at a time, prefix caching OFF",
+            a_off,
+        )
+    )
+    console.print(article_table("(a) the same, prefix caching ON", a_on))
+    console.print(mixed_table(f"(b) mixed 80% ~200 / 20% ~8,000 tokens, Poisson {rate:.1f} req/s", b))
+    console.print(
+        shared_table(
+            f"(c) shared prefixes: 8 system prompts of ~{args.system_tokens} tokens, "
+            f"{args.shared_requests} questions, prefix caching on",
+            c,
+        )
+    )
+    console.print(targets(a_off, a_on, b, c))
+    console.print(f"total {time.perf_counter() - t0:.0f}s")
+    groups = {"a_off": a_off, "a_on": a_on, "b_mixed": b, "c_shared": c}
+    if args.plot:
+        plot_runs(Path(args.plot), [o.run for o in a_off], title="dispatch benchmark (a), caching off")
+        console.print(f"wrote {args.plot}")
+    return {
+        k: [run_payload(o.run, o.summary, hit_rate=o.cache_hit_rate) for o in v] for k, v in groups.items()
+    }
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--requests", type=int, default=64, help="(a) requests per run")
+    p.add_argument("--concurrency", type=int, default=16, help="(a), (c) requests in flight")
+    p.add_argument("--prompt-tokens", type=int, default=4096, help="(a) prompt size")
+    p.add_argument("--mixed-requests", type=int, default=300, help="(b) requests per run")
+    p.add_argument("--mixed-load", type=float, default=0.7, help="(b) offered load, fraction of capacity")
+    p.add_argument("--shared-requests", type=int, default=256, help="(c) requests per run")
+    p.add_argument("--system-tokens", type=int, default=2000, help="(c) system prompt size")
+    p.add_argument("--kv-tokens", type=int, default=0, help="(c) KV cache tokens per instance (0: default)")
+    p.add_argument("--slow-factor", type=float, default=2.5, help="slowdown of the slow instance")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-seconds", type=float, default=120.0, help="cap per run")
+    p.add_argument("--json", help="write every run (summaries and samples) here")
+    p.add_argument("--plot", help="write a PNG of (a) caching off here")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    ns = parse()
+    payload = asyncio.run(main(ns))
+    if ns.json:
+        write_json(Path(ns.json), payload)

@@ -1,0 +1,440 @@
+"""The ``bench``, ``diagnose`` and ``demo`` commands (registered by ``taogate.cli``).
+
+They only map flags onto the library: the client profile (settings.json) gives base_url, key, model,
+timeouts and headers; flags override it. ``--emulate`` starts an emulated fleet in-process instead of
+talking to a real one. Every run is capped by ``--max-requests`` and ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from taogate.bench import workloads
+from taogate.bench.compare import run_compare, run_target
+from taogate.bench.diagnose import Diagnosis
+from taogate.bench.diagnose import diagnose as run_diagnosis
+from taogate.bench.render import (
+    instance_table,
+    plot_runs,
+    run_payload,
+    shares_table,
+    summary_table,
+    write_json,
+)
+from taogate.bench.runner import Target
+from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs
+from taogate.emulator.config import EmulatorConfig
+
+__all__ = ["bench", "demo", "diagnose", "print_outcomes", "render_diagnosis"]
+
+WORKLOADS = ("article", "single", "mixed", "shared-prefix", "file")
+EMULATED_MODEL = EmulatorConfig().model
+#: Mixed traffic is offered at this fraction of the emulated fleet's prefill capacity by default.
+MIXED_LOAD = 0.7
+
+SettingsOpt = Annotated[Path | None, typer.Option("--settings", help="Client profile (settings.json).")]
+BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="Gateway base URL (overrides profile).")]
+KeyOpt = Annotated[str | None, typer.Option("--key", help="API key (default: profile, $TAOTOKEN_API_KEY).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name (default: profile).")]
+WorkloadOpt = Annotated[str, typer.Option("--workload", help="article|single|mixed|shared-prefix|file.")]
+RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests per run (workload default).")]
+ConcOpt = Annotated[int, typer.Option("--concurrency", help="Requests in flight at once.")]
+PromptOpt = Annotated[int, typer.Option("--prompt-tokens", help="Approximate prompt size in tokens.")]
+MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="max_tokens per request.")]
+RateOpt = Annotated[float | None, typer.Option("--rate", help="mixed: Poisson arrivals per second.")]
+FileOpt = Annotated[Path | None, typer.Option("--file", help="JSONL prompts for --workload file.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write results (summaries, samples) here.")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot here.")]
+EmulateOpt = Annotated[
+    bool, typer.Option("--emulate", help="Start an emulated fleet and gateway in-process.")
+]
+InstancesOpt = Annotated[int, typer.Option("--instances", help="--emulate: fleet size.")]
+SlowOpt = Annotated[list[str] | None, typer.Option("--slow", help="--emulate: INDEX=FACTOR slow instance.")]
+CacheOpt = Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="--emulate: caching.")]
+InstanceUrlOpt = Annotated[
+    list[str] | None,
+    typer.Option("--instance", help="A vLLM base URL (repeat; default: settings.json vllm.instances)."),
+]
+MaxReqOpt = Annotated[int, typer.Option("--max-requests", help="Safety cap on requests per run.")]
+MaxSecOpt = Annotated[float, typer.Option("--max-seconds", help="Safety cap on seconds per run.")]
+StrategyOpt = Annotated[str, typer.Option("--strategy", help="Gateway strategy for --emulate runs.")]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where the load goes, resolved from the profile and flags."""
+
+    base_url: str | None
+    key: str
+    model: str
+    headers: dict[str, str]
+    timeout: httpx.Timeout
+    instances: list[str]
+
+    @property
+    def api_base(self) -> str | None:
+        if self.base_url is None:
+            return None
+        base = self.base_url.rstrip("/")
+        return base if base.endswith("/v1") else base + "/v1"
+
+
+def make_console() -> Console:
+    """Wide enough for the comparison tables when output goes to a file or a pipe."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _fail(message: str, code: int = 3) -> typer.Exit:
+    Console(stderr=True).print(f"[red]taogate:[/red] {message}")
+    return typer.Exit(code)
+
+
+def resolve_endpoint(
+    settings: Path | None,
+    base_url: str | None,
+    key: str | None,
+    model: str | None,
+    instances: list[str] | None,
+    *,
+    emulate: bool,
+) -> Endpoint:
+    """Profile values, overridden by flags; emulated runs default the model to the emulator's."""
+    from taogate.settings import ConfigError, read_client_settings
+
+    headers: dict[str, str] = {}
+    timeout = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=None)
+    profile_urls: list[str] = []
+    profile_base = profile_model = None
+    profile_key = ""
+    if settings is not None:
+        try:
+            client = read_client_settings(settings)
+        except ConfigError as exc:
+            raise _fail(str(exc)) from None
+        p = client.taotoken
+        profile_base, profile_model, headers = p.base_url, p.default_model, dict(p.headers)
+        timeout = httpx.Timeout(
+            connect=p.timeout.connect, read=p.timeout.read, write=p.timeout.write, pool=None
+        )
+        profile_urls = list(client.vllm.instances)
+        if key is None:
+            try:
+                profile_key = p.resolved_api_key()
+            except ConfigError as exc:
+                raise _fail(f"{exc} (or pass --key)") from None
+    return Endpoint(
+        base_url=base_url or profile_base,
+        key=key or profile_key or os.environ.get("TAOTOKEN_API_KEY", ""),
+        model=model or (EMULATED_MODEL if emulate else profile_model) or EMULATED_MODEL,
+        headers=headers,
+        timeout=timeout,
+        instances=list(instances or profile_urls),
+    )
+
+
+def build_workload(
+    kind: str,
+    *,
+    requests: int | None,
+    concurrency: int,
+    prompt_tokens: int,
+    max_tokens: int,
+    rate: float | None,
+    file: Path | None,
+    capacity: float | None = None,
+) -> workloads.Workload:
+    """The workload named by ``--workload`` with the size flags applied."""
+    if kind == "article":
+        return workloads.article(requests or 64, concurrency, prompt_tokens, max_tokens)
+    if kind == "single":
+        return workloads.single(prompt_tokens, max_tokens)
+    if kind == "mixed":
+        if rate is None:
+            rate = MIXED_LOAD * capacity / workloads.mixed_mean_tokens() if capacity else 4.0
+        return workloads.mixed(requests or 200, rate, max_tokens=max_tokens)
+    if kind == "shared-prefix":
+        return workloads.shared_prefix(
+            requests or 128, concurrency, system_tokens=prompt_tokens, max_tokens=max_tokens
+        )
+    if kind == "file":
+        if file is None:
+            raise _fail("--workload file needs --file PATH (JSONL: one prompt per line)")
+        try:
+            return workloads.from_file(file, concurrency, max_tokens).limited(requests)
+        except (OSError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+    raise _fail(f"unknown workload {kind!r}; choose one of: {', '.join(WORKLOADS)}")
+
+
+def emulated_configs(instances: int, slow: list[str] | None, prefix_caching: bool) -> list[EmulatorConfig]:
+    from taogate.emulator.cli import parse_slow
+
+    return fleet_configs(instances, parse_slow(slow or [], instances), prefix_caching=prefix_caching)
+
+
+def print_outcomes(console: Console, outcomes: list[Outcome], title: str) -> None:
+    """The comparison table (ratios against the pooled bound, else the first row) and load spread."""
+    summaries = [o.summary for o in outcomes]
+    pooled = [o.summary for o in outcomes if o.scenario.kind == "pooled"]
+    baseline = pooled[0] if pooled else (summaries[0] if len(summaries) > 1 else None)
+    console.print(summary_table(summaries, baseline=baseline, title=title))
+    console.print(shares_table(summaries))
+    hits = [(o.summary.label, o.cache_hit_rate) for o in outcomes if o.emulator]
+    if any(not math.isnan(h) and h > 0 for _, h in hits):
+        console.print(
+            "prefix-cache hit rate (emulator books): " + ", ".join(f"{label} {h:.0%}" for label, h in hits)
+        )
+
+
+def _outputs(console: Console, outcomes: list[Outcome], json_out: Path | None, plot: Path | None) -> None:
+    if json_out is not None:
+        payload = {"runs": [run_payload(o.run, o.summary, admin=o.admin) for o in outcomes]}
+        write_json(json_out, payload)
+        console.print(f"wrote {json_out}")
+    if plot is not None:
+        plot_runs(plot, [o.run for o in outcomes])
+        console.print(f"wrote {plot}")
+
+
+async def _bench(
+    console: Console,
+    ep: Endpoint,
+    wl: workloads.Workload,
+    *,
+    compare: bool,
+    configs: list[EmulatorConfig] | None,
+    scenario: Scenario,
+    max_requests: int,
+    max_seconds: float,
+) -> list[Outcome]:
+    caps: dict[str, Any] = {"max_requests": max_requests, "max_seconds": max_seconds}
+    if configs is not None:
+        from taogate.bench.scenarios import run_scenario
+
+        if compare:
+            return await run_compare(wl, console=console, configs=configs, **caps)
+        return [await run_scenario(scenario, wl, configs=configs, **caps)]
+    outcomes = []
+    if ep.api_base is not None:
+        target = Target(ep.api_base, ep.key)
+        label = f"your gateway ({ep.base_url})"
+        outcomes.append(
+            await run_target(
+                target,
+                wl,
+                model=ep.model,
+                label=label,
+                console=console,
+                headers=ep.headers,
+                http_timeout=ep.timeout,
+                **caps,
+            )
+        )
+    if compare:
+        if not ep.instances:
+            raise _fail("--compare needs the instance URLs: settings.json vllm.instances or --instance")
+        outcomes += await run_compare(
+            wl,
+            console=console,
+            urls=ep.instances,
+            instance_key=ep.key,
+            model=ep.model,
+            headers=ep.headers,
+            **caps,
+        )
+    if not outcomes:
+        raise _fail("nothing to run: give --base-url or --settings, or use --emulate")
+    return outcomes
+
+
+def bench(
+    *,
+    settings: SettingsOpt = None,
+    base_url: BaseUrlOpt = None,
+    key: KeyOpt = None,
+    model: ModelOpt = None,
+    workload: WorkloadOpt = "article",
+    requests: RequestsOpt = None,
+    concurrency: ConcOpt = 16,
+    prompt_tokens: PromptOpt = 4096,
+    max_tokens: MaxTokOpt = 16,
+    rate: RateOpt = None,
+    file: FileOpt = None,
+    json_out: JsonOpt = None,
+    plot: PlotOpt = None,
+    compare: Annotated[bool, typer.Option("--compare", help="The article's table 4.3 in one run.")] = False,
+    emulate: EmulateOpt = False,
+    instances: InstancesOpt = 4,
+    slow: SlowOpt = None,
+    prefix_caching: CacheOpt = True,
+    instance: InstanceUrlOpt = None,
+    strategy: StrategyOpt = "least_busy",
+    max_requests: MaxReqOpt = 1000,
+    max_seconds: MaxSecOpt = 600.0,
+) -> None:
+    """Load the gateway the article's way (streaming, so TTFT is real) and report; --compare for 4.3."""
+    console = make_console()
+    ep = resolve_endpoint(settings, base_url, key, model, instance, emulate=emulate)
+    configs = emulated_configs(instances, slow, prefix_caching) if emulate else None
+    wl = build_workload(
+        workload,
+        requests=requests,
+        concurrency=concurrency,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        rate=rate,
+        file=file,
+        capacity=fleet_capacity(configs) if configs else None,
+    )
+    scenario = Scenario(f"gateway {strategy}", "gateway", strategy, prefix_affinity=strategy == "least_busy")
+    outcomes = asyncio.run(
+        _bench(
+            console,
+            ep,
+            wl,
+            compare=compare,
+            configs=configs,
+            scenario=scenario,
+            max_requests=max_requests,
+            max_seconds=max_seconds,
+        )
+    )
+    print_outcomes(
+        console, outcomes, f"taogate bench: {wl.name}, {len(wl.limited(max_requests).requests)} requests"
+    )
+    if len(outcomes) == 1:
+        console.print(instance_table(outcomes[0].summary, outcomes[0].admin))
+    _outputs(console, outcomes, json_out, plot)
+    if all(o.summary.ok == 0 for o in outcomes):
+        raise typer.Exit(3)
+
+
+def render_diagnosis(console: Console, result: Diagnosis) -> None:
+    v = result.verdict
+    color = {"balanced": "green", "dispatch": "yellow", "slow": "red", "inside": "red"}.get(v.kind, "red")
+    console.print(summary_table([result.evidence.configured, result.evidence.lowered], title="bisection"))
+    console.print(f"[bold {color}]verdict: {v.headline}[/bold {color}]")
+    for line in v.evidence:
+        console.print(f"  - {line}")
+
+
+async def _diagnose_emulated(
+    configs: list[EmulatorConfig], wl: workloads.Workload, **kwargs: Any
+) -> Diagnosis:
+    from taogate.emulator.fleet import run_fleet
+
+    async with run_fleet(configs) as fleet:
+        return await run_diagnosis(fleet.urls, wl, model=configs[0].model, **kwargs)
+
+
+def diagnose(
+    *,
+    settings: SettingsOpt = None,
+    key: KeyOpt = None,
+    model: ModelOpt = None,
+    workload: WorkloadOpt = "article",
+    requests: RequestsOpt = None,
+    concurrency: ConcOpt = 16,
+    prompt_tokens: PromptOpt = 4096,
+    max_tokens: MaxTokOpt = 16,
+    rate: RateOpt = None,
+    file: FileOpt = None,
+    cap: Annotated[int, typer.Option("--cap", help="The lowered max_queue_per_instance.")] = 8,
+    queue_cap: Annotated[int, typer.Option("--queue-cap", help="The configured cap.")] = 32,
+    strategy: Annotated[str, typer.Option("--strategy", help="The configured strategy.")] = "least_busy",
+    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Probe each instance alone.")] = True,
+    json_out: JsonOpt = None,
+    plot: PlotOpt = None,
+    emulate: EmulateOpt = False,
+    instances: InstancesOpt = 4,
+    slow: SlowOpt = None,
+    prefix_caching: CacheOpt = False,
+    instance: InstanceUrlOpt = None,
+    max_requests: MaxReqOpt = 1000,
+    max_seconds: MaxSecOpt = 300.0,
+) -> None:
+    """The article's bisection: same load at --queue-cap and at --cap; exit 0 balanced, 1 dispatch,
+    2 slow instance (or inside vLLM), 3 could not run."""
+    console = make_console()
+    ep = resolve_endpoint(settings, None, key, model, instance, emulate=emulate)
+    configs = emulated_configs(instances, slow, prefix_caching) if emulate else None
+    wl = build_workload(
+        workload,
+        requests=requests,
+        concurrency=concurrency,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        rate=rate,
+        file=file,
+        capacity=fleet_capacity(configs) if configs else None,
+    ).limited(max_requests)
+    kwargs: dict[str, Any] = {
+        "strategy": strategy,
+        "cap": queue_cap,
+        "low_cap": cap,
+        "probe": probe,
+        "probe_tokens": prompt_tokens,
+        "max_seconds": max_seconds,
+    }
+    try:
+        if configs is not None:
+            result = asyncio.run(_diagnose_emulated(configs, wl, **kwargs))
+        elif ep.instances:
+            result = asyncio.run(run_diagnosis(ep.instances, wl, model=ep.model, key=ep.key, **kwargs))
+        else:
+            raise _fail(
+                "diagnose needs the instance URLs (settings.json vllm.instances or --instance) or --emulate"
+            )
+    except (OSError, httpx.HTTPError) as exc:
+        raise _fail(f"could not run: {exc}") from None
+    render_diagnosis(console, result)
+    if json_out is not None:
+        write_json(
+            json_out,
+            {
+                "verdict": {
+                    "kind": result.verdict.kind,
+                    "instance": result.verdict.instance,
+                    "headline": result.verdict.headline,
+                    "evidence": list(result.verdict.evidence),
+                },
+                "runs": [
+                    run_payload(r, s, admin=a)
+                    for r, s, a in zip(
+                        result.runs,
+                        (result.evidence.configured, result.evidence.lowered),
+                        result.admin,
+                        strict=True,
+                    )
+                ],
+            },
+        )
+    if plot is not None:
+        plot_runs(plot, result.runs, title="taogate diagnose")
+    raise typer.Exit(result.verdict.exit_code)
+
+
+def demo(
+    *,
+    plot: Annotated[Path, typer.Option("--plot", help="Where to write the PNG plot.")] = Path(
+        "taogate-demo.png"
+    ),
+    requests: Annotated[int, typer.Option("--requests", help="Requests per run in the article's 4.2.")] = 64,
+    hold: Annotated[
+        float, typer.Option("--hold", help="Keep the fleet and gateway up this many seconds.")
+    ] = 0.0,
+) -> None:
+    """Emulated fleet (4 instances, one 2.5x slow) + gateway: 4.1, 4.2, bench --compare, diagnose, plot."""
+    from taogate.bench.demo import run_demo
+
+    raise typer.Exit(asyncio.run(run_demo(make_console(), plot=plot, requests=requests, hold=hold)))

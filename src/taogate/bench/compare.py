@@ -1,0 +1,90 @@
+"""``bench --compare``: the article's table 4.3 in one run, every configuration on the same workload.
+
+Rows: the user's own gateway (when a base URL is given), then ``scenarios.COMPARE`` (direct round
+robin, then loopback gateways with round_robin, least_busy, least_busy + affinity), then the pooled
+bound when the fleet is emulated. Each emulated row runs on a fresh fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import httpx
+from rich.console import Console
+
+from taogate.bench.render import progress
+from taogate.bench.report import summarize
+from taogate.bench.runner import Target, run_load
+from taogate.bench.scenarios import COMPARE, POOLED, Outcome, Scenario, run_scenario
+from taogate.bench.workloads import Workload
+from taogate.emulator.config import EmulatorConfig
+
+__all__ = ["run_compare", "run_target"]
+
+
+async def run_target(
+    target: Target,
+    workload: Workload,
+    *,
+    model: str,
+    label: str,
+    console: Console,
+    headers: Mapping[str, str] | None = None,
+    max_requests: int | None = None,
+    max_seconds: float = 300.0,
+    http_timeout: httpx.Timeout | None = None,
+) -> Outcome:
+    """One run against an already running endpoint (the user's gateway)."""
+    total = len(workload.limited(max_requests).requests)
+    with progress(console, label, total) as advance:
+        run = await run_load(
+            [target],
+            workload,
+            model,
+            label=label,
+            headers=headers,
+            max_requests=max_requests,
+            max_seconds=max_seconds,
+            http_timeout=http_timeout,
+            on_sample=advance,
+        )
+    return Outcome(Scenario(label, "gateway"), run, summarize(label, run.samples))
+
+
+async def run_compare(
+    workload: Workload,
+    *,
+    console: Console,
+    configs: Sequence[EmulatorConfig] | None = None,
+    urls: Sequence[str] | None = None,
+    instance_key: str = "",
+    model: str = "emulated-model",
+    headers: Mapping[str, str] | None = None,
+    max_requests: int | None = None,
+    max_seconds: float = 300.0,
+    scenarios: Sequence[Scenario] = COMPARE,
+    pooled: bool = True,
+) -> list[Outcome]:
+    """Run every scenario (plus the pooled bound when emulated) and return them in table order."""
+    rows = list(scenarios)
+    if configs is not None and pooled:
+        rows.append(POOLED)
+    total = len(workload.limited(max_requests).requests)
+    outcomes = []
+    for scenario in rows:
+        with progress(console, scenario.label, total) as advance:
+            outcomes.append(
+                await run_scenario(
+                    scenario,
+                    workload,
+                    configs=configs,
+                    urls=urls,
+                    instance_key=instance_key,
+                    model=model,
+                    headers=headers,
+                    max_requests=max_requests,
+                    max_seconds=max_seconds,
+                    on_sample=advance,
+                )
+            )
+    return outcomes

@@ -1,0 +1,268 @@
+"""The article's bisection (section 6), automated: is it dispatch, one slow instance, or nothing?
+
+Procedure (``diagnose``):
+
+1. **Probe** each instance alone, straight to its URL: one ~4,096-token prompt with a unique salt (no
+   prefix-cache hit), ``max_tokens`` 1, twice; its own prefill speed is ``prompt_tokens / TTFT`` of
+   the faster try. Nothing else is running, so queueing cannot make an instance look slow.
+2. **Run A**: the load through a fresh loopback gateway in front of the instances with the configured
+   strategy and ``max_queue_per_instance`` (``cap``).
+3. **Run B**: the same load (new salt, so run A's cache does not help) with the cap lowered to
+   ``low_cap`` (8 by default): the dispatcher must move requests away from any deep queue.
+4. Read per-instance completion times from both runs and each gateway's ``/admin/instances``
+   (its learned ``relative_speed``) as evidence.
+
+Decision rule (``decide``, pure), first match wins:
+
+- **dispatch** (exit 1): ``max latency(A) / max latency(B) >= drop`` (1.5: "drops a lot"). Lowering
+  the cap fixed it, so requests were piling up in one queue. A slow instance, if any, is named in the
+  evidence too (least_busy routes around it; round robin does not).
+- **instance X is slow** (exit 2): lowering the cap did not help, and X's own probed prefill speed is
+  below ``slow`` (0.6) x the median speed of the fleet (when no probe could run, the gateway's learned
+  ``relative_speed`` from run A is used instead). Look inside X: AllReduce, host-device copies.
+- **balanced** (exit 0): neither of the above and run A's max/mean is within the article's 2x rule.
+- **inside** (exit 2): max/mean stays over 2x although the cap changed nothing and no single instance
+  is slow: the article's "look at AllReduce and data movement" inside vLLM (or prefix-cache hits vs
+  misses, when the hit rate is high: compare with caching off).
+- **error** (exit 3): a run produced no successful request, or there was nothing to probe.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from taogate.bench.report import IMBALANCE_RATIO, Summary, ratio, summarize
+from taogate.bench.runner import Run, Sample, Target, run_load
+from taogate.bench.scenarios import Scenario, admin_instances, gateway_settings, serve_gateway
+from taogate.bench.workloads import RequestSpec, Workload, filler
+
+__all__ = [
+    "DROP",
+    "EXIT_CODES",
+    "SLOW",
+    "Diagnosis",
+    "Evidence",
+    "Verdict",
+    "decide",
+    "diagnose",
+    "probe_speeds",
+    "salted",
+]
+
+DROP = 1.5
+SLOW = 0.6
+VerdictKind = Literal["balanced", "dispatch", "slow", "inside", "error"]
+EXIT_CODES: dict[VerdictKind, int] = {"balanced": 0, "dispatch": 1, "slow": 2, "inside": 2, "error": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the decision is made from (plain data, so the rule is tested without any server)."""
+
+    configured: Summary  # run A, the configured cap
+    lowered: Summary  # run B, the lowered cap
+    cap: int
+    low_cap: int
+    probe_speeds: Mapping[str, float] = field(default_factory=dict)  # own prefill tokens/s, alone
+    relative_speed: Mapping[str, float] = field(default_factory=dict)  # the gateway's learned view
+    cache_hit_rate: float = math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: VerdictKind
+    headline: str
+    evidence: tuple[str, ...]
+    instance: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.kind]
+
+
+def _slowest(speeds: Mapping[str, float], slow: float) -> tuple[str, float] | None:
+    """The slowest instance and its speed relative to the median, if it is below ``slow``."""
+    known = {k: v for k, v in speeds.items() if v > 0 and not math.isnan(v)}
+    if len(known) < 2:
+        return None
+    median = statistics.median(known.values())
+    name = min(known, key=lambda k: known[k])
+    rel = known[name] / median
+    return (name, rel) if rel < slow else None
+
+
+def _run_line(tag: str, s: Summary) -> str:
+    late = max(
+        s.per_instance.items(), key=lambda kv: kv[1].last_finish if kv[1].count else -1.0, default=None
+    )
+    last = f"; last to finish: {late[0]} at {late[1].last_finish:.2f}s" if late and late[1].count else ""
+    counts = ", ".join(f"{k} {v.count}" for k, v in s.per_instance.items())
+    return (
+        f"{tag}: mean {s.latency.mean:.2f}s, max {s.latency.max:.2f}s, max/mean {s.max_over_mean:.2f}"
+        f"; requests per instance: {counts}{last}"
+    )
+
+
+def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
+    """Apply the documented rule to the evidence."""
+    a, b = ev.configured, ev.lowered
+    if a.ok == 0 or b.ok == 0:
+        return Verdict(
+            "error",
+            "could not run: a run had no successful request",
+            (f"errors A: {a.errors or '-'}", f"errors B: {b.errors or '-'}"),
+        )
+    gain = ratio(a.latency.max, b.latency.max)
+    lines = [
+        _run_line(f"cap {ev.cap}", a),
+        _run_line(f"cap {ev.low_cap}", b),
+        f"max latency cap {ev.cap} / cap {ev.low_cap} = {gain:.2f} (dispatch when >= {drop:g})",
+    ]
+    if ev.probe_speeds:
+        lines.append(
+            "own prefill speed, probed alone (tokens/s): "
+            + ", ".join(f"{k} {v:,.0f}" for k, v in ev.probe_speeds.items())
+        )
+    if ev.relative_speed:
+        lines.append(
+            "gateway's learned relative speed: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in ev.relative_speed.items())
+        )
+    slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow)
+    if gain >= drop:
+        if slowest is not None:
+            lines.append(
+                f"also: {slowest[0]} prefills at {slowest[1]:.2f}x the median speed; least_busy routes "
+                "around it, round robin piles work on it"
+            )
+        return Verdict(
+            "dispatch",
+            f"dispatch: lowering max_queue_per_instance to {ev.low_cap} cut max latency {gain:.1f}x; "
+            "a deep queue on one instance was the problem (use least_busy, keep the cap low)",
+            tuple(lines),
+        )
+    if slowest is not None:
+        name, rel = slowest
+        return Verdict(
+            "slow",
+            f"instance {name} is slow: its own prefill speed is {rel:.2f}x the median, whatever the "
+            "dispatch; look inside it (AllReduce, host-device copies, clocks, other tenants)",
+            tuple(lines),
+            instance=name,
+        )
+    if a.max_over_mean <= IMBALANCE_RATIO:
+        return Verdict(
+            "balanced",
+            f"balanced: max/mean {a.max_over_mean:.2f} is within the article's {IMBALANCE_RATIO:g}x rule "
+            "and lowering the cap changed little",
+            tuple(lines),
+        )
+    if ev.cache_hit_rate > 0.3:
+        lines.append(
+            f"prefix-cache hit rate {ev.cache_hit_rate:.0%}: hits are fast and misses slow, which alone "
+            "can exceed 2x; compare with prefix caching off"
+        )
+    return Verdict(
+        "inside",
+        f"imbalance remains (max/mean {a.max_over_mean:.2f}) but not from dispatch or one slow "
+        "instance: look inside vLLM (AllReduce, data movement)",
+        tuple(lines),
+    )
+
+
+def salted(workload: Workload, salt: str) -> Workload:
+    """The same workload with ``salt`` in front of every prompt (a fresh prefix: no cache reuse)."""
+
+    def one(spec: RequestSpec) -> RequestSpec:
+        if spec.system is not None:
+            return replace(spec, system=f"{salt} {spec.system}")
+        return replace(spec, prompt=f"{salt} {spec.prompt}")
+
+    return replace(workload, requests=tuple(one(s) for s in workload.requests))
+
+
+async def probe_speeds(
+    urls: Sequence[str],
+    names: Sequence[str],
+    *,
+    model: str,
+    key: str = "",
+    prompt_tokens: int = 4096,
+    tries: int = 2,
+) -> dict[str, float]:
+    """Each instance alone: prompt tokens / TTFT of its best try (0 when every try failed)."""
+    out: dict[str, float] = {}
+    body = filler(prompt_tokens)
+    for url, name in zip(urls, names, strict=True):
+        best = 0.0
+        for t in range(tries):
+            spec = RequestSpec(t, f"Probe {name} {t} {id(out)}. {body}", 1, approx_tokens=prompt_tokens)
+            run = await run_load(
+                [Target(url + "/v1", key, name)], Workload("probe", (spec,), 1), model, max_seconds=60
+            )
+            s = run.samples[0]
+            if s.ok and s.ttft:
+                best = max(best, (s.prompt_tokens or prompt_tokens) / s.ttft)
+        out[name] = best
+    return out
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    verdict: Verdict
+    evidence: Evidence
+    runs: list[Run]
+    admin: list[dict[str, Any] | None]
+
+
+async def diagnose(
+    urls: Sequence[str],
+    workload: Workload,
+    *,
+    model: str,
+    strategy: str = "least_busy",
+    cap: int = 32,
+    low_cap: int = 8,
+    key: str = "",
+    probe: bool = True,
+    probe_tokens: int = 4096,
+    max_seconds: float = 120.0,
+    drop: float = DROP,
+    slow: float = SLOW,
+    on_sample: Any = None,
+) -> Diagnosis:
+    """Probe, run with ``cap`` and with ``low_cap`` through loopback gateways, and decide."""
+    names = [f"i{n}" for n in range(len(urls))]
+    speeds = (
+        await probe_speeds(urls, names, model=model, key=key, prompt_tokens=probe_tokens) if probe else {}
+    )
+    runs: list[Run] = []
+    admin: list[dict[str, Any] | None] = []
+    summaries: list[Summary] = []
+    for tag, limit in (("A", cap), ("B", low_cap)):
+        scenario = Scenario(f"{strategy}, cap {limit}", "gateway", strategy, max_queue=limit)
+        async with serve_gateway(gateway_settings(urls, scenario, names=names)) as gw:
+            run = await run_load(
+                [Target(gw.api_base, gw.key)],
+                salted(workload, f"Diagnose run {tag} {id(runs)}."),
+                model,
+                label=scenario.label,
+                max_seconds=max_seconds,
+                on_sample=on_sample,
+            )
+            admin.append(await admin_instances(gw.url, gw.key))
+        runs.append(run)
+        summaries.append(summarize(scenario.label, run.samples, names))
+    rel = {
+        str(r["name"]): float(r["relative_speed"])
+        for r in ((admin[0] or {}).get("instances") or [])
+        if r.get("relative_speed") is not None
+    }
+    samples: list[Sample] = [s for r in runs for s in r.samples if s.ok]
+    hit = ratio(sum(s.cached_tokens for s in samples), sum(s.prompt_tokens for s in samples))
+    evidence = Evidence(summaries[0], summaries[1], cap, low_cap, speeds, rel, hit)
+    return Diagnosis(decide(evidence, drop=drop, slow=slow), evidence, runs, admin)

@@ -1,0 +1,257 @@
+"""What to compare, and the machinery to stand each configuration up on loopback.
+
+A ``Scenario`` is one row of the article's table 4.3:
+
+- ``direct``: round robin straight to the instances, each with its own key ("no unified channel");
+- ``gateway``: an in-process taogate on 127.0.0.1 in front of the instances, with a given strategy,
+  prefix affinity and per-instance cap;
+- ``pooled``: the bound no dispatcher can beat, ONE emulated instance with the fleet's pooled capacity
+  (prefill and decode speeds summed over the instances, slowdowns applied; batch slots and KV summed).
+
+Each emulated scenario gets a fresh fleet, so caches, learned speeds and stats never leak between rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+
+from taogate.bench.report import Summary, summarize
+from taogate.bench.runner import Run, Sample, Target, run_load
+from taogate.bench.workloads import Workload
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.fleet import run_fleet
+
+__all__ = [
+    "COMPARE",
+    "POOLED",
+    "Outcome",
+    "Scenario",
+    "fleet_capacity",
+    "fleet_configs",
+    "gateway_settings",
+    "instance_capacity",
+    "pooled_config",
+    "run_scenario",
+    "serve_gateway",
+]
+
+Kind = Literal["direct", "gateway", "pooled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    label: str
+    kind: Kind
+    strategy: str = "least_busy"
+    prefix_affinity: bool = False
+    max_queue: int = 32
+    prefix_caching: bool | None = None  # emulated only: override the fleet's setting for this row
+
+
+COMPARE: tuple[Scenario, ...] = (
+    Scenario("direct rr (no unified channel)", "direct", "round_robin"),
+    Scenario("gw round_robin", "gateway", "round_robin"),
+    Scenario("gw least_busy", "gateway", "least_busy"),
+    Scenario("gw least_busy+affinity", "gateway", "least_busy", prefix_affinity=True),
+)
+POOLED = Scenario("pooled bound", "pooled")
+
+
+def fleet_configs(
+    n: int = 4,
+    slow: Mapping[int, float] | None = None,
+    *,
+    prefix_caching: bool = False,
+    base: EmulatorConfig | None = None,
+) -> list[EmulatorConfig]:
+    """``n`` emulator configs; ``slow`` maps an index to its slowdown factor (2.5 = 2.5x slower)."""
+    base = base or EmulatorConfig()
+    slow = slow or {}
+    for i in slow:
+        if not 0 <= i < n:
+            raise ValueError(f"slow instance index {i} is outside 0..{n - 1}")
+    return [
+        replace(base, seed=i, enable_prefix_caching=prefix_caching, slowdown=slow.get(i, base.slowdown))
+        for i in range(n)
+    ]
+
+
+def pooled_config(configs: Sequence[EmulatorConfig]) -> EmulatorConfig:
+    """One instance as fast as the whole fleet: speeds summed (each divided by its slowdown), slots summed."""
+    if not configs:
+        raise ValueError("pooled_config needs at least one config")
+    first = configs[0]
+    return replace(
+        first,
+        prefill_tokens_per_s=sum(c.prefill_tokens_per_s / c.slowdown for c in configs),
+        decode_tokens_per_s=sum(c.decode_tokens_per_s / c.slowdown for c in configs),
+        max_num_seqs=sum(c.max_num_seqs for c in configs),
+        max_num_batched_tokens=sum(c.max_num_batched_tokens for c in configs),
+        kv_cache_tokens=sum(c.kv_cache_tokens for c in configs),
+        step_overhead=min(c.step_overhead for c in configs),
+        slowdown=1.0,
+        seed=0,
+    )
+
+
+def instance_capacity(config: EmulatorConfig) -> float:
+    """Prompt tokens/s one instance prefills when every step is a full batch (from its cost model)."""
+    batch = config.max_num_batched_tokens
+    step = (config.step_overhead + batch / config.prefill_tokens_per_s) * config.slowdown
+    return batch / step
+
+
+def fleet_capacity(configs: Sequence[EmulatorConfig]) -> float:
+    return sum(instance_capacity(c) for c in configs)
+
+
+def gateway_settings(
+    urls: Sequence[str], scenario: Scenario, *, names: Sequence[str] | None = None, **dispatch: Any
+) -> Any:
+    """taogate ``Settings`` for a loopback gateway in front of ``urls`` (fast probes and scrapes)."""
+    from taogate.settings import Settings
+
+    return Settings(
+        gateway={"base_url": "http://127.0.0.1:8080/api", "request_timeout": 300, "host": "127.0.0.1"},
+        dispatch={
+            "strategy": scenario.strategy,
+            "prefix_affinity": scenario.prefix_affinity,
+            "max_queue_per_instance": scenario.max_queue,
+            "health_check_interval": 0.5,
+            "scrape_interval": 0.2,
+            "queue_size": 4096,
+            "queue_timeout": 300,
+            **dispatch,
+        },
+        instances=[{"url": u, "name": names[n] if names else f"i{n}"} for n, u in enumerate(urls)],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A gateway running in this process: its root URL and key."""
+
+    url: str
+    key: str
+
+    @property
+    def api_base(self) -> str:
+        return self.url + "/v1"
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(settings: Any) -> AsyncIterator[Served]:
+    """Run taogate on a free loopback port with a fresh random key until the block exits."""
+    from taogate.app import create_app
+    from taogate.serving import serve_asgi
+
+    key = secrets.token_urlsafe(24)
+    env = {settings.gateway.api_key_env: key}
+    async with serve_asgi(create_app(settings, environ=env)) as served:
+        yield Served(served.url, key)
+
+
+async def admin_instances(url: str, key: str) -> dict[str, Any] | None:
+    """The gateway's ``GET /admin/instances`` (None when it cannot be read)."""
+    try:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+            r = await client.get(url + "/admin/instances", headers={"authorization": f"Bearer {key}"})
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    data: dict[str, Any] = r.json()
+    return data
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One scenario run: samples, summary, and what the servers said."""
+
+    scenario: Scenario
+    run: Run
+    summary: Summary
+    admin: dict[str, Any] | None = None  # the gateway's /admin/instances after the run
+    emulator: list[dict[str, Any]] = field(default_factory=list)  # per-instance emulator stats
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """From the emulators' own books (cached over prompt tokens); falls back to usage."""
+        prompt = sum(int(s.get("prompt_tokens", 0)) for s in self.emulator)
+        if not prompt:
+            return self.summary.cache_hit_rate
+        return sum(int(s.get("cached_tokens", 0)) for s in self.emulator) / prompt
+
+
+SampleHook = Callable[[Sample], None]
+
+
+async def _gateway_run(
+    urls: Sequence[str],
+    scenario: Scenario,
+    *,
+    workload: Workload,
+    model: str,
+    names: Sequence[str],
+    load: dict[str, Any],
+) -> tuple[Run, dict[str, Any] | None]:
+    async with serve_gateway(gateway_settings(urls, scenario, names=names)) as gw:
+        run = await run_load([Target(gw.api_base, gw.key)], workload, model, label=scenario.label, **load)
+        return run, await admin_instances(gw.url, gw.key)
+
+
+async def run_scenario(
+    scenario: Scenario,
+    workload: Workload,
+    *,
+    configs: Sequence[EmulatorConfig] | None = None,
+    urls: Sequence[str] | None = None,
+    instance_key: str = "",
+    model: str = "emulated-model",
+    headers: Mapping[str, str] | None = None,
+    max_requests: int | None = None,
+    max_seconds: float = 300.0,
+    on_sample: SampleHook | None = None,
+) -> Outcome:
+    """Run ``workload`` under ``scenario``: on a fresh emulated fleet (``configs``) or real ``urls``."""
+    load: dict[str, Any] = {
+        "headers": headers,
+        "max_requests": max_requests,
+        "max_seconds": max_seconds,
+        "on_sample": on_sample,
+    }
+    if configs is None:
+        if urls is None or scenario.kind == "pooled":
+            raise ValueError(f"scenario {scenario.label!r} needs emulator configs")
+        names = [f"i{n}" for n in range(len(urls))]
+        if scenario.kind == "direct":
+            targets = [Target(u + "/v1", instance_key, names[n]) for n, u in enumerate(urls)]
+            run = await run_load(targets, workload, model, label=scenario.label, **load)
+            return Outcome(scenario, run, summarize(scenario.label, run.samples, names))
+        run, admin = await _gateway_run(
+            urls, scenario, workload=workload, model=model, names=names, load=load
+        )
+        return Outcome(scenario, run, summarize(scenario.label, run.samples, names), admin)
+
+    if scenario.prefix_caching is not None:
+        configs = [replace(c, enable_prefix_caching=scenario.prefix_caching) for c in configs]
+    fleet_cfgs = [pooled_config(configs)] if scenario.kind == "pooled" else list(configs)
+    names = ["pooled"] if scenario.kind == "pooled" else [f"i{n}" for n in range(len(fleet_cfgs))]
+    model = fleet_cfgs[0].model
+    admin = None
+    async with run_fleet(fleet_cfgs) as fleet:
+        if scenario.kind == "gateway":
+            run, admin = await _gateway_run(
+                fleet.urls, scenario, workload=workload, model=model, names=names, load=load
+            )
+        else:
+            targets = [Target(u + "/v1", "", names[n]) for n, u in enumerate(fleet.urls)]
+            run = await run_load(targets, workload, model, label=scenario.label, **load)
+        stats = [inst.stats() for inst in fleet.instances]
+    return Outcome(scenario, run, summarize(scenario.label, run.samples, names), admin, stats)

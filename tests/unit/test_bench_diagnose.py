@@ -1,0 +1,69 @@
+"""The bisection's decision rule on synthetic evidence (no servers)."""
+
+from __future__ import annotations
+
+from taogate.bench.diagnose import EXIT_CODES, Evidence, decide
+from taogate.bench.report import Summary, summarize
+from taogate.bench.runner import Sample
+
+
+def run(latencies: dict[str, list[float]], label: str = "run") -> Summary:
+    samples = [
+        Sample(i, "g", 0.0, lat, 0.1, 200, inst, prompt_tokens=4096)
+        for i, (inst, lat) in enumerate((inst, lat) for inst, lats in latencies.items() for lat in lats)
+    ]
+    return summarize(label, samples)
+
+
+EVEN = {f"i{n}": [1.0, 1.1, 1.2, 1.0] for n in range(4)}
+PILED = {**{f"i{n}": [1.0, 1.1, 1.0, 1.0] for n in range(3)}, "i3": [2.0, 4.0, 6.0, 8.0]}
+SPREAD = {**{f"i{n}": [1.0, 1.1, 1.0, 1.3, 1.2] for n in range(3)}, "i3": [2.0]}
+FAST = {f"i{n}": 16000.0 for n in range(4)}
+SLOW_I2 = {**FAST, "i2": 4000.0}
+
+
+def test_homogeneous_and_unchanged_is_balanced() -> None:
+    v = decide(Evidence(run(EVEN), run(EVEN), 32, 8, FAST))
+    assert v.kind == "balanced" and v.exit_code == 0 and v.instance is None
+    assert any("max latency cap 32 / cap 8" in line for line in v.evidence)
+
+
+def test_big_drop_when_the_cap_is_lowered_is_dispatch() -> None:
+    v = decide(Evidence(run(PILED), run(SPREAD), 32, 8, FAST))
+    assert v.kind == "dispatch" and v.exit_code == 1
+    assert "8" in v.headline
+
+
+def test_dispatch_wins_over_a_slow_instance_but_names_it() -> None:
+    v = decide(Evidence(run(PILED), run(SPREAD), 32, 8, SLOW_I2))
+    assert v.kind == "dispatch"
+    assert any(line.startswith("also: i2") for line in v.evidence)
+
+
+def test_slow_probe_without_dispatch_gain_names_the_instance() -> None:
+    v = decide(Evidence(run(PILED), run(PILED), 32, 8, SLOW_I2))
+    assert v.kind == "slow" and v.instance == "i2" and v.exit_code == 2
+    assert "i2" in v.headline
+
+
+def test_learned_relative_speed_is_used_when_there_is_no_probe() -> None:
+    rel = {"i0": 1.0, "i1": 1.05, "i2": 0.98, "i3": 0.3}
+    v = decide(Evidence(run(EVEN), run(EVEN), 32, 8, {}, rel))
+    assert v.kind == "slow" and v.instance == "i3"
+
+
+def test_a_mildly_slower_instance_is_not_flagged() -> None:
+    v = decide(Evidence(run(EVEN), run(EVEN), 32, 8, {**FAST, "i1": 12000.0}))
+    assert v.kind == "balanced"
+
+
+def test_imbalance_without_cause_points_inside_vllm() -> None:
+    v = decide(Evidence(run(PILED), run(PILED), 32, 8, FAST, cache_hit_rate=0.8))
+    assert v.kind == "inside" and v.exit_code == 2
+    assert any("prefix-cache hit rate" in line for line in v.evidence)
+
+
+def test_no_successful_request_is_an_error() -> None:
+    failed = summarize("x", [Sample(0, "g", 0, 1, None, 503, None, error="down")])
+    v = decide(Evidence(failed, run(EVEN), 32, 8, FAST))
+    assert v.kind == "error" and v.exit_code == 3 == EXIT_CODES["error"]
