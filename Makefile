@@ -20,8 +20,8 @@ demo: $(STAMP)
 check: lint types test
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks deploy
+	$(BIN)/ruff format --check src tests benchmarks deploy
 
 types: $(STAMP)
 	$(BIN)/mypy
@@ -35,7 +35,7 @@ bench: $(STAMP)
 
 # Regenerate the pinned versions after changing dependencies in pyproject.toml.
 lock: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^taogate' > constraints.txt
+	$(BIN)/python -m pip list --format=freeze --exclude-editable | grep -vE '^(taogate|py-spy|pip)==' > constraints.txt
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
