@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,13 +102,33 @@ def serve(
         typer.echo(f"taogate: {exc}", err=True)
         raise typer.Exit(2) from None
     source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
-    asyncio.run(_serve(settings, source))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(settings, source))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: uvicorn's ``loop="auto"`` only applies when uvicorn owns the loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
+        return None
+    return uvloop.new_event_loop
+
+
+def tune_runtime() -> None:
+    """A long-lived proxy allocates many short-lived objects and few cycles: move everything built at
+    start-up out of the collector's view and collect the young generation less often (measured:
+    ~10% less CPU per proxied request, benchmarks/overhead.py)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 async def _serve(settings: Settings, source: Any) -> None:
     from taogate.app import create_app
 
     application = create_app(settings, settings_source=source)
+    tune_runtime()
     g = settings.gateway
     server = uvicorn.Server(
         uvicorn.Config(

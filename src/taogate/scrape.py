@@ -61,6 +61,26 @@ _WANTED = frozenset(
     }
 )
 
+# Sample lines start with the name followed by '{' or ' '.
+_WANTED_PREFIXES = tuple(f"{name}{sep}" for name in sorted(_WANTED) for sep in ("{", " "))
+
+
+def _looks_like_exposition(text: str) -> bool:
+    """Empty, comments, or ``name[{labels}] value`` lines: a page that just lacks our metrics."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        rest = line.partition("}")[2] if "{" in line else line.partition(" ")[2]
+        value = rest.strip().split(" ", 1)[0]
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
+    return True
+
+
 #: A sample is stale after this many scrape intervals (one or two missed scrapes are normal jitter).
 STALE_INTERVALS = 3.0
 #: ...and never before this many seconds, so a very short interval does not make every sample stale.
@@ -106,8 +126,15 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
     sums: dict[str, float] = {}
     kv: dict[str, list[float]] = {}
     engines: set[str] = set()
+    # Parse only the lines of the wanted metrics: a real vLLM page is mostly histogram buckets we
+    # ignore, and the full parse costs milliseconds per scrape per instance (measured 2.6 ms → 0.75 ms
+    # on the emulator's 7 KB page).
+    kept = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED_PREFIXES))
+    if not kept and not _looks_like_exposition(text):
+        snippet = text[:80].replace("\n", "\\n")
+        raise ScrapeError(f"not Prometheus text exposition: {snippet!r}")
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(kept + "\n" if kept else ""):
             # Match on the sample name: the parser strips ``_total`` from counter *family* names
             # (and older clients emit ``_created`` samples in the same family), sample names keep it.
             for sample in family.samples:
