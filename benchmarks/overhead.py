@@ -1,0 +1,418 @@
+"""What the gateway adds over going direct to vLLM: latency, throughput and the gateway's own CPU.
+
+One run, side by side on this machine, in three processes so the gateway's CPU is measured alone:
+
+* 4 instant emulators (engine bypassed) in one process: ``python -m taogate.emulator --fleet 4 --instant``;
+* the gateway: ``taogate serve`` over a temporary config.toml naming the 4 emulators;
+* this process: the load generator (aiohttp directly, on uvloop: the cheapest client, so it steals
+  the least CPU from the gateway).
+
+Each round runs, interleaved: tiny non-stream /v1/completions direct (round-robin over the
+emulators), the same through the gateway, the same through a second gateway logging at ``info``
+(the cost of one access-log line per request), then streaming /v1/completions direct and through
+the gateway. The gateway's CPU comes from ``/proc/<pid>/stat`` (utime + stime) around each phase:
+
+* CPU per proxied request = Δcpu / requests;
+* CPU per relayed SSE event = (Δcpu − streams × CPU per request of the same round) / events,
+  where events are the ``data: `` lines the client received.
+
+Figures are the median over rounds; the machine is shared, so compare within one run only.
+Run: ``.venv/bin/python benchmarks/overhead.py [--requests 4000] [--rounds 3] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from fleetprocs import cpu_seconds, start_emulators, start_gateway, stop_process, wait_ready
+
+MODEL = "emulated-model"
+API_KEY = "overhead-bench-key"
+REQUEST_TIMEOUT_S = 30.0
+PHASE_TIMEOUT_S = 600.0
+IDLE_WINDOW_S = 3.0
+
+# The issue's targets (gateway issue, "The HTTP client: measured before you start").
+TARGET_CPU_PER_REQUEST_US = 400.0
+TARGET_CPU_PER_EVENT_US = 3.0
+TARGET_ADDED_P50_MS = 1.5
+
+
+# -- load ------------------------------------------------------------------------------------------
+@dataclass
+class Phase:
+    name: str
+    requests: int = 0
+    errors: int = 0
+    events: int = 0
+    wall: float = 0.0
+    latencies: list[float] = field(default_factory=list, repr=False)
+    gateway_cpu: float | None = None
+    emulator_cpu: float = 0.0
+    client_cpu: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.wall
+
+    def pct(self, q: float) -> float:
+        s = sorted(self.latencies)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def process_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+async def run_phase(
+    http: aiohttp.ClientSession,
+    name: str,
+    urls: list[str],
+    *,
+    count: int,
+    concurrency: int,
+    stream: bool,
+    max_tokens: int,
+    headers: dict[str, str],
+    gateway_pid: int | None,
+    emulator_pid: int,
+) -> Phase:
+    """``count`` requests from ``concurrency`` workers, round-robin over ``urls``."""
+    phase = Phase(name)
+    targets = [u + "/v1/completions" for u in urls]
+    bodies = [
+        json.dumps({"model": MODEL, "prompt": f"hi {i}", "max_tokens": max_tokens, "stream": stream}).encode()
+        for i in range(64)
+    ]
+    hdrs = {"content-type": "application/json", **headers}
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < count:
+            i = next_i
+            next_i += 1
+            t0 = time.perf_counter()
+            try:
+                async with http.post(targets[i % len(targets)], data=bodies[i % 64], headers=hdrs) as r:
+                    data = await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok, data = False, b""
+            phase.latencies.append(time.perf_counter() - t0)
+            if not ok:
+                phase.errors += 1
+            if stream:
+                phase.events += data.count(b"data: ")
+
+    g0 = cpu_seconds(gateway_pid) if gateway_pid else 0.0
+    e0, c0 = cpu_seconds(emulator_pid), process_cpu()
+    t0 = time.perf_counter()
+    async with asyncio.timeout(PHASE_TIMEOUT_S):
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    phase.wall = time.perf_counter() - t0
+    if gateway_pid:
+        phase.gateway_cpu = cpu_seconds(gateway_pid) - g0
+    phase.emulator_cpu = cpu_seconds(emulator_pid) - e0
+    phase.client_cpu = process_cpu() - c0
+    phase.requests = count
+    return phase
+
+
+# -- report ----------------------------------------------------------------------------------------
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+@dataclass
+class Round:
+    direct: Phase
+    gateway: Phase
+    gateway_info: Phase | None
+    sdirect: Phase
+    sgateway: Phase
+
+    def figures(self) -> dict[str, float]:
+        d, g, sd, sg = self.direct, self.gateway, self.sdirect, self.sgateway
+        assert g.gateway_cpu is not None and sg.gateway_cpu is not None
+        per_req = g.gateway_cpu / g.requests
+        f = {
+            "direct_p50_ms": d.pct(0.5) * 1e3,
+            "direct_p99_ms": d.pct(0.99) * 1e3,
+            "direct_rps": d.rps,
+            "gateway_p50_ms": g.pct(0.5) * 1e3,
+            "gateway_p99_ms": g.pct(0.99) * 1e3,
+            "gateway_rps": g.rps,
+            "added_p50_ms": (g.pct(0.5) - d.pct(0.5)) * 1e3,
+            "added_p99_ms": (g.pct(0.99) - d.pct(0.99)) * 1e3,
+            "rps_ratio": g.rps / d.rps,
+            "gateway_cpu_us_per_request": per_req * 1e6,
+            "emulator_cpu_us_per_request_direct": d.emulator_cpu / d.requests * 1e6,
+            "emulator_cpu_us_per_request_gateway": g.emulator_cpu / g.requests * 1e6,
+            "client_cpu_us_per_request_direct": d.client_cpu / d.requests * 1e6,
+            "client_cpu_us_per_request_gateway": g.client_cpu / g.requests * 1e6,
+            "stream_direct_p50_ms": sd.pct(0.5) * 1e3,
+            "stream_gateway_p50_ms": sg.pct(0.5) * 1e3,
+            "stream_direct_p99_ms": sd.pct(0.99) * 1e3,
+            "stream_gateway_p99_ms": sg.pct(0.99) * 1e3,
+            "stream_direct_events_per_s": sd.events / sd.wall,
+            "stream_gateway_events_per_s": sg.events / sg.wall,
+            "stream_gateway_cpu_us_per_stream": sg.gateway_cpu / sg.requests * 1e6,
+            "gateway_cpu_us_per_sse_event": (sg.gateway_cpu - sg.requests * per_req)
+            / max(1, sg.events)
+            * 1e6,
+            "events_per_stream": sg.events / sg.requests,
+        }
+        gi = self.gateway_info
+        if gi is not None and gi.gateway_cpu is not None:
+            f["gateway_info_cpu_us_per_request"] = gi.gateway_cpu / gi.requests * 1e6
+            f["gateway_info_p50_ms"] = gi.pct(0.5) * 1e3
+            f["gateway_info_rps"] = gi.rps
+            f["logging_cost_us_per_request"] = f["gateway_info_cpu_us_per_request"] - per_req * 1e6
+        return f
+
+
+def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
+    figs = [r.figures() for r in rounds]
+    med = {k: median([f[k] for f in figs if k in f]) for k in figs[0]}
+    errors = {
+        p.name: p.errors
+        for r in rounds
+        for p in (r.direct, r.gateway, r.gateway_info, r.sdirect, r.sgateway)
+        if p is not None and p.errors
+    }
+
+    def row(label: str, key: str, fmt: str = "{:,.1f}") -> str:
+        per = " ".join(fmt.format(f[key]) for f in figs if key in f)
+        return f"| {label:<44} | {fmt.format(med[key]):>10} | {per} |"
+
+    print()
+    print(
+        f"taogate overhead: {args.requests} tiny requests/phase, {args.stream_requests} streams of "
+        f"{args.stream_tokens} tokens/phase, {args.concurrency} concurrent, {len(rounds)} rounds "
+        f"(median | per round)"
+    )
+    print(f"| {'figure':<44} | {'median':>10} | per round |")
+    print(f"|{'-' * 46}|{'-' * 12}|{'-' * 11}|")
+    for label, key, fmt in (
+        ("direct p50 latency, ms", "direct_p50_ms", "{:.3f}"),
+        ("gateway p50 latency, ms", "gateway_p50_ms", "{:.3f}"),
+        ("direct p99 latency, ms", "direct_p99_ms", "{:.3f}"),
+        ("gateway p99 latency, ms", "gateway_p99_ms", "{:.3f}"),
+        ("direct requests/s", "direct_rps", "{:,.0f}"),
+        ("gateway requests/s", "gateway_rps", "{:,.0f}"),
+        ("gateway/direct requests/s ratio", "rps_ratio", "{:.3f}"),
+        ("gateway CPU µs per request (log warning)", "gateway_cpu_us_per_request", "{:,.0f}"),
+        ("gateway CPU µs per request (log info)", "gateway_info_cpu_us_per_request", "{:,.0f}"),
+        ("  access-log line cost, µs per request", "logging_cost_us_per_request", "{:,.0f}"),
+        ("gateway (log info) requests/s", "gateway_info_rps", "{:,.0f}"),
+        ("emulators CPU µs/req (direct | via gateway)", "emulator_cpu_us_per_request_direct", "{:,.0f}"),
+        ("  via gateway", "emulator_cpu_us_per_request_gateway", "{:,.0f}"),
+        ("load client CPU µs/req, direct", "client_cpu_us_per_request_direct", "{:,.0f}"),
+        ("  via gateway", "client_cpu_us_per_request_gateway", "{:,.0f}"),
+        ("stream direct p50, ms", "stream_direct_p50_ms", "{:.3f}"),
+        ("stream gateway p50, ms", "stream_gateway_p50_ms", "{:.3f}"),
+        ("stream direct SSE events/s", "stream_direct_events_per_s", "{:,.0f}"),
+        ("stream gateway SSE events/s", "stream_gateway_events_per_s", "{:,.0f}"),
+        ("SSE events per stream (data: lines)", "events_per_stream", "{:.0f}"),
+        ("gateway CPU µs per stream (whole)", "stream_gateway_cpu_us_per_stream", "{:,.0f}"),
+    ):
+        if key in med:
+            print(row(label, key, fmt))
+    print()
+    checks = [
+        (
+            "gateway CPU per proxied request",
+            med["gateway_cpu_us_per_request"],
+            TARGET_CPU_PER_REQUEST_US,
+            "µs",
+        ),
+        (
+            "gateway CPU per relayed SSE event",
+            med["gateway_cpu_us_per_sse_event"],
+            TARGET_CPU_PER_EVENT_US,
+            "µs",
+        ),
+        (
+            f"added p50 latency at {args.concurrency} concurrent",
+            med["added_p50_ms"],
+            TARGET_ADDED_P50_MS,
+            "ms",
+        ),
+    ]
+    print(f"| {'target (gateway issue)':<40} | {'target':>10} | {'measured':>10} | {'':4} |")
+    print(f"|{'-' * 42}|{'-' * 12}|{'-' * 12}|{'-' * 6}|")
+    verdicts = {}
+    for label, value, target, unit in checks:
+        ok = value <= target
+        verdicts[label] = {"target": target, "measured": value, "unit": unit, "pass": ok}
+        t, v = f"≤ {target:g} {unit}", f"{value:,.2f} {unit}"
+        print(f"| {label:<40} | {t:>10} | {v:>10} | {'PASS' if ok else 'FAIL'} |")
+    print(
+        f"(added p99: {med['added_p99_ms']:.3f} ms; per-round added p50: "
+        + ", ".join(f"{f['added_p50_ms']:.3f}" for f in figs)
+        + " ms; per-round SSE µs/event: "
+        + ", ".join(f"{f['gateway_cpu_us_per_sse_event']:.2f}" for f in figs)
+        + ")"
+    )
+    if errors:
+        print(f"NON-200 / FAILED REQUESTS: {errors}")
+    return {"args": vars(args), "median": med, "rounds": figs, "targets": verdicts, "errors": errors}
+
+
+# -- main ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def processes() -> Iterator[list[subprocess.Popen[Any]]]:
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        yield procs
+    finally:
+        for p in reversed(procs):
+            stop_process(p)
+
+
+async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    with processes() as procs:
+        emu, urls = start_emulators(4, workdir / "emulators.log")
+        procs.append(emu)
+        gw, gw_url = start_gateway(workdir, urls, "warning", API_KEY)
+        procs.append(gw)
+        gwi = gwi_url = None
+        if not args.skip_info:
+            gwi, gwi_url = start_gateway(workdir, urls, "info", API_KEY)
+            procs.append(gwi)
+        await wait_ready(gw, gw_url, workdir / "gateway-warning.log")
+        if gwi is not None:
+            assert gwi_url is not None
+            await wait_ready(gwi, gwi_url, workdir / "gateway-info.log")
+        print(f"emulators: {' '.join(urls)} (pid {emu.pid})")
+        print(
+            f"gateway:   {gw_url} (pid {gw.pid})"
+            + (f", log-info gateway {gwi_url} (pid {gwi.pid})" if gwi else "")
+        )
+
+        auth = {"authorization": f"Bearer {API_KEY}"}
+        conn = aiohttp.TCPConnector(limit=args.concurrency * 2, limit_per_host=0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+            common: dict[str, Any] = {"concurrency": args.concurrency, "emulator_pid": emu.pid}
+
+            async def tiny(
+                name: str, target: list[str], pid: int | None, hdrs: dict[str, str], n: int
+            ) -> Phase:
+                return await run_phase(
+                    http,
+                    name,
+                    target,
+                    count=n,
+                    stream=False,
+                    max_tokens=1,
+                    headers=hdrs,
+                    gateway_pid=pid,
+                    **common,
+                )
+
+            async def streams(name: str, target: list[str], pid: int | None, hdrs: dict[str, str]) -> Phase:
+                return await run_phase(
+                    http,
+                    name,
+                    target,
+                    count=args.stream_requests,
+                    stream=True,
+                    max_tokens=args.stream_tokens,
+                    headers=hdrs,
+                    gateway_pid=pid,
+                    **common,
+                )
+
+            # Warm-up: connections pooled everywhere, code paths and allocator warm.
+            warm = max(200, args.requests // 10)
+            await tiny("warm-direct", urls, None, {}, warm)
+            await tiny("warm-gateway", [gw_url], gw.pid, auth, warm)
+            if gwi is not None:
+                assert gwi_url is not None
+                await tiny("warm-gateway-info", [gwi_url], gwi.pid, auth, warm)
+
+            # Background work (health probes, /metrics scrapes) costs CPU with no traffic at all; it is
+            # inside every phase's Δcpu, so show it: at R requests/s it adds (idle / R) per request.
+            g0 = cpu_seconds(gw.pid)
+            await asyncio.sleep(IDLE_WINDOW_S)
+            idle_ms_per_s = (cpu_seconds(gw.pid) - g0) / IDLE_WINDOW_S * 1e3
+            print(f"gateway idle CPU (probes + scrapes): {idle_ms_per_s:.1f} ms/s", flush=True)
+
+            rounds: list[Round] = []
+            for n in range(args.rounds):
+                d = await tiny("direct", urls, None, {}, args.requests)
+                g = await tiny("gateway", [gw_url], gw.pid, auth, args.requests)
+                gi = None
+                if gwi is not None:
+                    assert gwi_url is not None
+                    gi = await tiny("gateway-info", [gwi_url], gwi.pid, auth, args.requests)
+                sd = await streams("stream-direct", urls, None, {})
+                sg = await streams("stream-gateway", [gw_url], gw.pid, auth)
+                rounds.append(Round(d, g, gi, sd, sg))
+                f = rounds[-1].figures()
+                print(
+                    f"round {n + 1}/{args.rounds}: direct p50 {f['direct_p50_ms']:.3f} ms "
+                    f"{f['direct_rps']:,.0f} rps | gateway p50 {f['gateway_p50_ms']:.3f} ms "
+                    f"{f['gateway_rps']:,.0f} rps, {f['gateway_cpu_us_per_request']:,.0f} µs CPU/req"
+                    + (
+                        f" (info log {f['gateway_info_cpu_us_per_request']:,.0f})"
+                        if "gateway_info_cpu_us_per_request" in f
+                        else ""
+                    )
+                    + f" | SSE {f['gateway_cpu_us_per_sse_event']:.2f} µs CPU/event",
+                    flush=True,
+                )
+        result = report(rounds, args)
+        result["gateway_idle_cpu_ms_per_s"] = idle_ms_per_s
+        print(
+            f"gateway idle CPU {idle_ms_per_s:.1f} ms/s (probes + scrapes) is included above: "
+            f"~{idle_ms_per_s * 1e3 / result['median']['gateway_rps']:.0f} µs/request at its rate"
+        )
+        return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--requests", type=int, default=4000, help="tiny requests per phase (default 4000)")
+    p.add_argument("--concurrency", type=int, default=32, help="concurrent workers (default 32)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
+    p.add_argument("--stream-tokens", type=int, default=200, help="max_tokens of each stream (default 200)")
+    p.add_argument("--stream-requests", type=int, default=1000, help="streams per phase (default 1000)")
+    p.add_argument("--skip-info", action="store_true", help="skip the log_level=info gateway phase")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    args = p.parse_args()
+    if not (1 <= args.requests <= 200_000 and 1 <= args.concurrency <= 1024 and 1 <= args.rounds <= 20):
+        p.error("--requests 1..200000, --concurrency 1..1024, --rounds 1..20")
+    if not (1 <= args.stream_tokens <= 4096 and 1 <= args.stream_requests <= 50_000):
+        p.error("--stream-tokens 1..4096, --stream-requests 1..50000")
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    with tempfile.TemporaryDirectory(prefix="taogate-overhead-") as tmp:
+        result = runner(bench(args, Path(tmp)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
