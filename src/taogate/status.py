@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def verdict(inst: Instance, now: float, slow: bool, relative: float) -> str:
     if inst.draining:
-        return "draining"
+        return "draining" if inst.inflight else "drained: safe to restart"
     if not inst.up:
         return "down"
     if inst.breaker.state(now) is BreakerState.OPEN:
