@@ -101,7 +101,15 @@ class Dispatcher:
         if isinstance(decision, Send):
             inst = self.fleet.get(decision.instance)
             trial = inst.breaker.on_dispatch(now)
-            lease = Lease(inst, facts.prompt_tokens, self._released, trial=trial)
+            lease = Lease(
+                inst,
+                facts.prompt_tokens,
+                self._released,
+                trial=trial,
+                sent_at=now,
+                stream=facts.stream,
+                max_tokens=facts.max_tokens,
+            )
             return lease, decision
         return decision
 

@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-from taogate.dispatch.speed import SpeedEstimator, slow_instances
+from taogate.dispatch.speed import SpeedEstimator, slow_instances, speed_bound
 from taogate.dispatch.types import InstanceView
 from taogate.instances import Instance, InstanceSpec
 from taogate.settings import InstanceSettings, Settings
@@ -116,9 +116,32 @@ class Fleet:
         return added, removed, changed
 
     def views(self, now: float) -> list[InstanceView]:
-        speed = self.speeds.speed
+        """Every instance as dispatch sees it now, with what the speed estimator has learned.
+
+        The speed is the learned one, or lower when requests still waiting for their first token
+        there prove it lower now (``speed_bound``): a cold or suddenly degraded card stops drawing
+        work before its slow samples complete.
+        """
+        speeds = self.speeds
         interval = self._settings.dispatch.scrape_interval
-        return [inst.view(now, speed(inst.name), interval) for inst in self._instances.values()]
+        out = []
+        for inst in self._instances.values():
+            name = inst.name
+            base = speeds.base_latency(name)
+            tpot = speeds.decode_seconds_per_token(name)
+            speed = speeds.speed(name)
+            if inst.pending:
+                speed = min(speed, speed_bound(inst.waiting(now, tpot), base))
+            out.append(
+                inst.view(
+                    now,
+                    speed,
+                    interval,
+                    base_latency=base,
+                    decode_seconds_per_token=tpot,
+                )
+            )
+        return out
 
     def any_room(self, now: float) -> bool:
         return any(i.available(now) and i.inflight < i.spec.cap for i in self._instances.values())

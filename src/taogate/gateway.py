@@ -207,6 +207,7 @@ class Gateway:
         size = prompt_size(route.kind, payload, self._exact)
         tokens = self.tokens.estimate(model, size)
         shared = shared_prefix(route.kind, payload) if self.settings.dispatch.prefix_affinity else None
+        limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
         return (
             RequestFacts(
                 model=model,
@@ -215,6 +216,7 @@ class Gateway:
                 prefix_key=shared.key if shared else None,
                 prefix_tokens=self.tokens.estimate(model, shared.size) if shared else 0,
                 stream=payload.get("stream") is True,
+                max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
             ),
             size,
         )

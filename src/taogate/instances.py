@@ -7,17 +7,20 @@ breaker, our in-flight work, the last engine scrape. Dispatch never reads it dir
 A ``Lease`` is taken when a request is sent to an instance and holds its slot (in-flight count,
 outstanding prefill tokens) until the response body has been fully relayed, the client has gone
 away, or an error has ended the attempt. ``release()`` is idempotent, so every exit path may call
-it and the counts still return to exactly zero.
+it and the counts still return to exactly zero. Until its first token, a lease also sits in its
+instance's ``pending`` (dispatch order), the evidence ``dispatch.speed.speed_bound`` reads: a request
+that has waited longer than its work should take says the instance is slower than learned, now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from taogate.breaker import Breaker
+from taogate.dispatch.speed import Pending
 from taogate.dispatch.types import InstanceView, Role
 from taogate.health import HealthState, HealthTracker
 from taogate.scrape import EngineSample, engine_stats
@@ -64,6 +67,7 @@ class Instance:
         self.inflight = 0
         self.prefilling = 0
         self.prefill_tokens = 0
+        self.pending: dict[Lease, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
         self.engine_at = 0.0  # monotonic time of the last good scrape
@@ -88,7 +92,30 @@ class Instance:
         self.engine = sample
         self.engine_at = now
 
-    def view(self, now: float, speed: float, scrape_interval: float) -> InstanceView:
+    def waiting(self, now: float, decode_seconds_per_token: float) -> Iterator[Pending]:
+        """Our requests here still without a first token, as evidence for ``speed_bound``.
+
+        A non-stream request's first token is only seen with its whole response, so its decode
+        (``max_tokens`` × the learned pace) is allowed for; one without ``max_tokens`` says nothing.
+        """
+        for lease in self.pending:
+            if lease.stream:
+                allowance = 0.0
+            elif lease.max_tokens is not None:
+                allowance = lease.max_tokens * decode_seconds_per_token
+            else:
+                continue
+            yield Pending(lease.ahead_tokens + lease.tokens, now - lease.sent_at, allowance)
+
+    def view(
+        self,
+        now: float,
+        speed: float,
+        scrape_interval: float,
+        *,
+        base_latency: float = 0.0,
+        decode_seconds_per_token: float = 0.0,
+    ) -> InstanceView:
         engine = (
             engine_stats(self.engine, self.engine_prev, self.engine_at, now, scrape_interval)
             if scrape_interval > 0
@@ -105,15 +132,33 @@ class Instance:
             prefilling=self.prefilling,
             decoding=self.inflight - self.prefilling,
             speed=speed,
+            base_latency=base_latency,
+            decode_seconds_per_token=decode_seconds_per_token,
             engine=engine,
             overflow=self.spec.overflow,
         )
 
 
 class Lease:
-    """Holds one instance slot for one attempt; counts return exactly once, whatever the exit path."""
+    """Holds one instance slot for one attempt; counts return exactly once, whatever the exit path.
 
-    __slots__ = ("_first", "_on_release", "_released", "ahead_tokens", "instance", "tokens", "trial")
+    ``tokens`` is the prefill work booked for this request (its estimated prompt); ``ahead_tokens``
+    the work booked ahead of it at dispatch; ``sent_at`` the dispatcher's clock then; ``stream`` and
+    ``max_tokens`` say how its first token will be seen (see ``Instance.waiting``).
+    """
+
+    __slots__ = (
+        "_first",
+        "_on_release",
+        "_released",
+        "ahead_tokens",
+        "instance",
+        "max_tokens",
+        "sent_at",
+        "stream",
+        "tokens",
+        "trial",
+    )
 
     def __init__(
         self,
@@ -122,17 +167,24 @@ class Lease:
         on_release: Callable[[Lease], None],
         *,
         trial: bool = False,
+        sent_at: float = 0.0,
+        stream: bool = True,
+        max_tokens: int | None = None,
     ) -> None:
         self.instance = instance
         self.tokens = tokens
         self.trial = trial  # this attempt is the breaker's half-open trial
         self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
+        self.sent_at = sent_at
+        self.stream = stream
+        self.max_tokens = max_tokens
         self._on_release = on_release
         self._first = False
         self._released = False
         instance.inflight += 1
         instance.prefilling += 1
         instance.prefill_tokens += tokens
+        instance.pending[self] = None
 
     @property
     def released(self) -> bool:
@@ -145,6 +197,7 @@ class Lease:
         self._first = True
         self.instance.prefilling -= 1
         self.instance.prefill_tokens -= self.tokens
+        self.instance.pending.pop(self, None)
 
     def release(self) -> None:
         if self._released:
@@ -154,6 +207,7 @@ class Lease:
         if not self._first:
             inst.prefilling -= 1
             inst.prefill_tokens -= self.tokens
+            inst.pending.pop(self, None)
         inst.inflight -= 1
         if self.trial:
             inst.breaker.release_trial()

@@ -1,13 +1,24 @@
-"""The load estimate: expected seconds until a request's first token on one instance.
+"""The load estimate: expected seconds until a request's first token on one instance (and its end).
 
 Least-busy means least *work*: a 4,096-token prefill is not a 50-token one, and a slow instance drains
-the same work more slowly. For a request of ``P`` prompt tokens on instance ``i``::
+the same work more slowly. For a request expected to cost ``P`` prefill tokens on instance ``i``
+(``expected_prefill``: its prompt, less a prefix the instance is known to hold)::
 
-    queued  = prefill_tokens_i                                 # our outstanding prefill, exact, instant
+    queued  = prefill_tokens_i                                 # our outstanding prefill, instant
             + max(0, engine.waiting - prefilling_i) * typical   # queued there by others (other replicas)
     slow    = 1 + decode_weight * running_i / step_tokens      # decodes take a token of every step
             * (1 + kv_penalty * ((kv - kv_threshold) / (1 - kv_threshold))**2   if kv > kv_threshold)
-    ttft_i  = (queued + P) * slow / speed_i
+    ttft_i  = base_i + (queued + P) * slow / speed_i
+    end_i   = ttft_i + min(max_tokens, decode_horizon) * tpot_i          # expected_latency
+
+* ``base_i`` is the instance's fixed latency (an engine step, HTTP): small, but 2.5× larger on a 2.5×
+  slow card, and the only sign of it when every prompt is a prefix-cache hit.
+* ``prefill_tokens_i`` books our requests' whole prompts (see ``policy``: booking only the uncached
+  part let one warm instance take a whole cached burst); ``P`` alone is net of a known warm prefix.
+* ``tpot_i`` (learned seconds per output token) makes the decode part count: when prefill is cheap
+  (cache hits, short prompts) the request's latency is its decode, and a slow card decodes slowly
+  too. Only the first ``decode_horizon`` tokens are counted: ``max_tokens`` is a limit, not a
+  forecast, and the term is there to rank instances, not to predict long generations.
 
 * ``prefill_tokens_i`` and ``prefilling_i`` are our own requests with no first token yet (tokens and
   count). They cover the gap between scrapes: a burst dispatched within one scrape interval sees
@@ -34,7 +45,16 @@ from dataclasses import dataclass
 
 from .types import InstanceView
 
-__all__ = ["DEFAULT_LOAD", "LoadModel", "expected_ttft", "queued_tokens", "slowdown"]
+__all__ = [
+    "DEFAULT_LOAD",
+    "LoadModel",
+    "decode_seconds",
+    "expected_latency",
+    "expected_prefill",
+    "expected_ttft",
+    "queued_tokens",
+    "slowdown",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +66,7 @@ class LoadModel:
     decode_weight: float = 1.0  # prefill tokens displaced per running sequence per step
     kv_threshold: float = 0.9  # KV-cache usage above which preemption looms
     kv_penalty: float = 10.0  # extra slowdown factor at 100 % KV usage
+    decode_horizon: int = 16  # output tokens counted in expected_latency (0: TTFT only)
 
 
 DEFAULT_LOAD = LoadModel()
@@ -74,7 +95,37 @@ def slowdown(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     return factor
 
 
+def expected_prefill(prompt_tokens: float, warm_prefix: float = 0.0) -> float:
+    """Prefill tokens a ``prompt_tokens`` request is expected to cost on an instance (at least 1).
+
+    ``warm_prefix`` > 0: the instance is known to hold that many tokens of this prompt's prefix (the
+    affinity policy remembers where it sent each prefix key), so only the rest is prefilled: vLLM's
+    prefix cache (like the emulator's) recomputes only the blocks it does not hold.
+    """
+    prompt = max(0.0, prompt_tokens)
+    return max(1.0, prompt - max(0.0, warm_prefix))
+
+
 def expected_ttft(view: InstanceView, prompt_tokens: float, model: LoadModel = DEFAULT_LOAD) -> float:
-    """Expected seconds until the first token of a ``prompt_tokens`` request sent to ``view`` now."""
+    """Expected seconds until the first token of a request costing ``prompt_tokens`` of prefill on
+    ``view``, sent now."""
     work = queued_tokens(view, model) + max(0.0, prompt_tokens)
-    return work * slowdown(view, model) / max(view.speed, 1e-9)
+    return max(0.0, view.base_latency) + work * slowdown(view, model) / max(view.speed, 1e-9)
+
+
+def decode_seconds(
+    view: InstanceView, max_tokens: int | None = None, model: LoadModel = DEFAULT_LOAD
+) -> float:
+    """Expected seconds to decode the first ``min(max_tokens, decode_horizon)`` tokens on ``view``."""
+    horizon = model.decode_horizon if max_tokens is None else min(max(0, max_tokens), model.decode_horizon)
+    return horizon * max(0.0, view.decode_seconds_per_token)
+
+
+def expected_latency(
+    view: InstanceView,
+    prompt_tokens: float,
+    max_tokens: int | None = None,
+    model: LoadModel = DEFAULT_LOAD,
+) -> float:
+    """``expected_ttft`` plus ``decode_seconds``."""
+    return expected_ttft(view, prompt_tokens, model) + decode_seconds(view, max_tokens, model)

@@ -5,12 +5,23 @@ instance receive proportionally less work without anyone configuring it; flaggin
 operator (issue 6).
 
 **Samples.** A streamed request whose first token came ``ttft`` seconds after dispatch, with
-``ahead_tokens`` of our own prefill queued ahead of it there and ``uncached_tokens`` of its own prompt
-to prefill (prompt minus ``usage.prompt_tokens_details.cached_tokens``), shows the instance got through
-``ahead + uncached`` tokens in ``ttft`` seconds (``ahead`` scaled by the instance's recent uncached
-share when prompt sizes are given, see ``_work``). A non-streamed request only shows its total duration:
-its decode time (``completion_tokens`` × the instance's learned seconds per output token) is taken
-off first, and the sample is dropped when decoding dominates, since the rest would be mostly noise.
+``ahead_tokens`` of our own prefill queued ahead of it there (the whole prompts the gateway booked
+for those requests) and ``uncached_tokens`` of its own
+prompt to prefill (prompt minus ``usage.prompt_tokens_details.cached_tokens``), shows the instance got
+through ``work = ahead + uncached`` tokens in ``ttft`` seconds. A non-streamed request only shows its
+total duration: its decode time (``completion_tokens`` × the instance's learned seconds per output
+token) is taken off first, and the sample is dropped when decoding dominates, since the rest would be
+mostly noise.
+
+**Fixed latency.** ``ttft ≈ base + work / speed``: every request pays a fixed part whatever its size
+(vLLM: at least one engine step, i.e. scheduling, a forward pass and sampling, plus HTTP and
+detokenization; the emulator: one 12 ms step overhead × slowdown). Learning ``work / ttft`` therefore
+makes an instance that gets only short prompts look slow (a 40-token prompt reads as ~2k tokens/s on
+a 40k tokens/s card). So each instance learns its ``base`` (an EWMA of the TTFT of samples whose work
+is below ``small_tokens``: mostly fixed part, on real vLLM as in the emulator) and its speed only from
+samples with at least ``small_tokens`` of work, as ``work / (ttft - base)``. An instance that only ever
+sees small work keeps the fleet's median speed (no evidence either way) while its ``base`` still
+shows a slow card (2.5× the step time), which dispatch adds to the cost.
 
 **Fit.** An exponentially weighted mean of ``log(speed)`` (ratios are multiplicative: a 2× fast and a
 2× slow outlier should pull equally). Each sample's weight grows with the work it covers (a 20-token
@@ -32,15 +43,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["SlowRule", "SpeedEstimator", "SpeedStat", "slow_instances"]
+__all__ = ["Pending", "SlowRule", "SpeedEstimator", "SpeedStat", "slow_instances", "speed_bound"]
 
 
 #: How many full-size samples the configured seed is worth: little, the first real sample dominates.
 _SEED_WEIGHT = 0.1
+#: Small-work samples before an instance's fixed latency is compared with the others'.
+_MIN_BASE_SAMPLES = 3
 
 
 class SpeedStat(NamedTuple):
@@ -50,15 +63,18 @@ class SpeedStat(NamedTuple):
 
 
 class _State:
-    __slots__ = ("evidence", "log_speed", "n", "tpot", "uncached_ratio", "weight")
+    __slots__ = ("base", "base_n", "evidence", "log_speed", "n", "tpot", "tpot_n", "uncached_ratio", "weight")
 
-    def __init__(self, log_speed: float, weight: float, tpot: float) -> None:
+    def __init__(self, log_speed: float, weight: float, tpot: float, base: float) -> None:
         self.log_speed = log_speed
         self.weight = weight
         self.n = 0
         self.evidence = 0.0
         self.tpot = tpot  # seconds per output token while decoding
+        self.tpot_n = 0  # decode-pace samples seen
         self.uncached_ratio = 1.0  # recent uncached / prompt tokens: what prefix caching leaves to do
+        self.base = base  # fixed part of a TTFT (seconds), learned from small-work samples
+        self.base_n = 0  # small-work samples seen
 
 
 def _median_without(ordered: list[float], i: int) -> float:
@@ -84,6 +100,8 @@ class SpeedEstimator:
         fast_cap: float = 2.0,
         ref_tokens: float = 256.0,
         decode_seconds_per_token: float = 0.02,
+        small_tokens: float = 128.0,
+        base_latency: float = 0.0,
     ) -> None:
         if not (nominal > 0 and 0 < alpha <= 1 and clamp > 1 and fast_cap >= 1):
             raise ValueError("need nominal > 0, 0 < alpha <= 1, clamp > 1, fast_cap >= 1")
@@ -93,6 +111,8 @@ class SpeedEstimator:
         self._fast_cap = fast_cap
         self._ref = ref_tokens
         self._tpot = decode_seconds_per_token
+        self._small = max(0.0, small_tokens)
+        self._base_prior = max(0.0, base_latency)
         self._states: dict[str, _State] = {}
         self._speeds: dict[str, float] = {}
         self._base = nominal
@@ -106,7 +126,7 @@ class SpeedEstimator:
         weight = max(weight, 1e-6)
         state = self._states.get(name)
         if state is None:
-            self._states[name] = _State(math.log(weight * self._base), weight, self._tpot)
+            self._states[name] = _State(math.log(weight * self._base), weight, self._tpot, self._base_prior)
         else:
             state.weight = weight
         self._refresh()
@@ -130,7 +150,17 @@ class SpeedEstimator:
         and draw the burst. A learned speed is capped at ``fast_cap`` × the others' median (per unit
         weight): prefix-cache hits make a card *look* fast (little prefill per prompt token), and
         uncapped, that would draw ever more traffic to it, deepen its queue, and inflate it further.
+
+        An instance with less than one full-size sample of speed evidence but whose fixed latency
+        (``base``) is well above the others' median is scaled down by that ratio (at most 4×, fading
+        as speed evidence comes in): when every prompt it gets is a prefix-cache hit or short, the
+        fixed part is the only sign of a slow card, and on vLLM as in the emulator a card whose
+        every engine step is 2.5× slower also prefills 2.5× slower. Never scaled up: a low base may
+        just be a shorter network path.
         """
+        bases = {
+            n: st.base for n, st in self._states.items() if st.base_n >= _MIN_BASE_SAMPLES and st.base > 0
+        }
         learned = sorted(
             (math.exp(st.log_speed) / st.weight, name) for name, st in self._states.items() if st.evidence > 0
         )
@@ -141,6 +171,12 @@ class SpeedEstimator:
             weight = self._states[name].weight
             cap = self._fast_cap * _median_without(values, i) if len(values) > 1 else math.inf
             speeds[name] = weight * min(value, cap)
+        for name, st in self._states.items():
+            own = bases.get(name)
+            others = [b for n, b in bases.items() if n != name]
+            if st.evidence < 1.0 and own is not None and others:
+                factor = min(1.0, max(0.25, statistics.median(others) / own))
+                speeds[name] *= factor ** (1.0 - st.evidence)
         self._speeds = speeds
 
     # --- samples -------------------------------------------------------------------------------------
@@ -164,15 +200,39 @@ class SpeedEstimator:
     def _work(self, state: _State, ahead: float, uncached: float, prompt: float | None) -> float:
         """Prefill work the sample covers, with the work ahead discounted for prefix-cache hits.
 
-        ``ahead_tokens`` counts whole prompts (what was known at dispatch); on an instance whose
-        prompts mostly hit the cache, most of that was never prefilled. Scaling it by the instance's
-        recent uncached share keeps the learned speed the card's real prefill speed, so cache hits do
-        not pass for a fast card (the article's mistake (d)) and a cache-cold card is not flagged slow.
+        ``ahead_tokens`` is what the gateway booked for the requests ahead at dispatch: their whole
+        prompts. On an instance whose prompts mostly hit the cache, most of that was never
+        prefilled; scaling it by the instance's recent uncached share keeps the learned speed the
+        card's real prefill speed, so cache hits do not pass for a fast card (the article's mistake
+        (d)), and ``_sample`` trusts a sample by the share of its work that was measured (its own
+        uncached tokens) rather than estimated (the discounted work ahead).
         """
         if prompt is not None and prompt > 0:
             ratio = min(1.0, max(0.01, uncached / prompt))
-            state.uncached_ratio += max(0.3, 1.0 / (state.n + 1)) * (ratio - state.uncached_ratio)
+            state.uncached_ratio += max(0.3, 1.0 / (state.n + state.base_n + 1)) * (
+                ratio - state.uncached_ratio
+            )
         return max(0.0, ahead) * state.uncached_ratio + max(0.0, uncached)
+
+    def _sample(self, state: _State, own: float, work: float, seconds: float, trust: float) -> float | None:
+        """Split one (work, seconds-to-first-token) observation into the fixed part and the speed.
+
+        Small work (< ``small_tokens``) is mostly fixed latency: it updates ``base`` only. Larger work
+        is a speed sample over the time left after ``base`` (never less than a quarter of the whole,
+        so a base learned on a quiet instance cannot turn a busy one's sample into an absurd speed).
+        The sample is trusted in proportion to the share of its work that was measured (``own``:
+        the prompt less the ``cached_tokens`` the instance reported) rather than booked ahead at
+        dispatch (an estimate: prefix-cache hits, requests that were already half prefilled). Booked
+        work that never happened would read as a fast card, draw more traffic and inflate itself.
+        """
+        trust *= own / max(work, 1e-9)
+        if work < self._small:
+            state.base_n += 1
+            state.base += max(0.2, 1.0 / state.base_n) * (seconds - state.base)
+            self._refresh()
+            return None
+        prefill = max(seconds - state.base, 0.25 * seconds)
+        return self._learn(state, work / prefill, work, trust)
 
     def observe_first_token(
         self,
@@ -194,7 +254,7 @@ class SpeedEstimator:
         work = self._work(state, ahead_tokens, uncached_tokens, prompt_tokens)
         if work <= 0:
             return None
-        return self._learn(state, work / ttft, work, 1.0)
+        return self._sample(state, max(0.0, uncached_tokens), work, ttft, 1.0)
 
     def observe_completion(
         self,
@@ -220,6 +280,7 @@ class SpeedEstimator:
             if completion_tokens > 1 and duration > ttft:
                 pace = (duration - ttft) / (completion_tokens - 1)
                 state.tpot += 0.2 * (pace - state.tpot)
+                state.tpot_n += 1
             return None
         if not math.isfinite(ahead_tokens + uncached_tokens):
             return None
@@ -227,7 +288,7 @@ class SpeedEstimator:
         prefill = duration - max(0, completion_tokens - 1) * state.tpot
         if work <= 0 or prefill < 0.25 * duration:
             return None
-        return self._learn(state, work / prefill, work, 0.5)  # less sure than a measured TTFT
+        return self._sample(state, max(0.0, uncached_tokens), work, prefill, 0.5)  # less sure than a TTFT
 
     def observe(
         self,
@@ -284,9 +345,27 @@ class SpeedEstimator:
         state = self._states.get(name)
         return 1.0 if state is None else state.uncached_ratio
 
-    def decode_seconds_per_token(self, name: str) -> float:
+    def base_latency(self, name: str) -> float:
+        """The fixed part of this instance's TTFT (seconds): what even a tiny prompt waits.
+
+        Until the instance has answered a small request itself, the median of the instances that
+        have: an instance that never answers (hung, just added) must not look the quickest.
+        """
         state = self._states.get(name)
-        return self._tpot if state is None else state.tpot
+        if state is not None and state.base_n > 0:
+            return state.base
+        return self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
+
+    def decode_seconds_per_token(self, name: str) -> float:
+        """Learned seconds per output token; the fleet's median until this instance has a sample."""
+        state = self._states.get(name)
+        if state is not None and state.tpot_n > 0:
+            return state.tpot
+        return self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
+
+    def _fleet_median(self, value: Callable[[_State], float | None], default: float) -> float:
+        known = [v for v in map(value, self._states.values()) if v is not None]
+        return statistics.median(known) if known else default
 
     def relative(self, name: str) -> float:
         """Speed relative to the fleet median (1.0 for a lone instance)."""
@@ -297,6 +376,38 @@ class SpeedEstimator:
     def snapshot(self) -> dict[str, SpeedStat]:
         """Every instance's speed and sample counts, the input of ``slow_instances``."""
         return {name: SpeedStat(self._speeds[name], st.n, st.evidence) for name, st in self._states.items()}
+
+
+# --- evidence from requests still waiting ------------------------------------------------------------
+
+
+class Pending(NamedTuple):
+    """One of our requests on an instance that has no first token yet."""
+
+    work: float  # prefill tokens that must be done before its first token: booked ahead + its own
+    elapsed: float  # seconds since it was dispatched
+    allowance: float = 0.0  # seconds of ``elapsed`` not spent on prefill (a non-stream's decode)
+
+
+def speed_bound(pending: Iterable[Pending], base: float = 0.0) -> float:
+    """An upper bound on an instance's speed *now*, from requests still waiting for their first token.
+
+    A request dispatched ``elapsed`` seconds ago behind ``work`` tokens (the work booked ahead of it
+    plus its own) and still without a first token shows that the instance has done less than ``work``
+    in ``elapsed - base - allowance`` seconds: its speed is at most ``work / that``. This is evidence
+    before any sample completes, which matters at a cold start (a slow card looks like the others
+    until its first TTFT arrives, seconds later for long prompts) and when a card degrades mid-run
+    (thermal throttling, a noisy neighbour, another gateway's burst on vLLM). While requests are on
+    time the bound stays above the learned speed and changes nothing. For a non-stream request the
+    "first token" is only seen with the whole response, so its decode (``max_tokens`` × the learned
+    seconds per output token) is the ``allowance``. ``inf`` when no request says anything.
+    """
+    bound = math.inf
+    for p in pending:
+        seconds = p.elapsed - base - p.allowance
+        if seconds > 0 and p.work > 0:
+            bound = min(bound, p.work / seconds)
+    return bound
 
 
 # --- slow-instance detection ------------------------------------------------------------------------

@@ -44,6 +44,8 @@ class InstanceView:
     decoding: int = 0  # our requests past their first token
     prefilling: int | None = None  # our requests with no first token yet (None: inflight - decoding)
     speed: float = 10_000.0  # learned prefill tokens/s (relative values matter)
+    base_latency: float = 0.0  # fixed part of a TTFT here (seconds): what even a tiny prompt waits
+    decode_seconds_per_token: float = 0.0  # learned decode pace (0: unknown, no decode term)
     engine: EngineStats | None = None  # None: never scraped, or too stale to trust
     overflow: bool = False  # the optional overflow channel, used only when primaries are full
 
@@ -72,6 +74,7 @@ class RequestFacts:
     prefix_key: int | None = None  # stable hash of the shared prefix, None when there is none
     prefix_tokens: int = 0  # estimated tokens the prefix key covers: what a cache hit saves, at least
     stream: bool = False
+    max_tokens: int | None = None  # the request's output limit, when it gives one
 
 
 @dataclass(frozen=True, slots=True)
