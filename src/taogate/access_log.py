@@ -32,6 +32,7 @@ class RequestRecord:
     duration: float = 0.0
     queue_wait: float = 0.0
     retries: int = 0
+    channel_fallback: bool | None = None  # True: sent outside its long/short channel
     error: str | None = None
     reject: str | None = None
     usage: dict[str, Any] | None = None
@@ -51,6 +52,7 @@ _FIELDS = (
     "duration",
     "queue_wait",
     "retries",
+    "channel_fallback",
     "error",
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from taogate.dispatch.speed import SpeedEstimator, slow_instances, speed_bound
 from taogate.dispatch.types import InstanceView
@@ -52,6 +53,7 @@ class Fleet:
         self.speeds = speeds
         self._settings = settings
         self.slow: frozenset[str] = frozenset()  # flagged by the slow-instance detector
+        self.models: frozenset[str] = frozenset()  # served by some instance (bounds metric labels)
 
     @property
     def health_interval(self) -> float:
@@ -112,6 +114,7 @@ class Fleet:
                 self._retired.append(inst)
             self.speeds.forget(name)
         self._instances = new
+        self._refresh_models()
         self._retired = [i for i in self._retired if i.inflight > 0]
         return added, removed, changed
 
@@ -149,11 +152,17 @@ class Fleet:
     def any_available_except(self, names: frozenset[str], now: float) -> bool:
         return any(i.available(now) for i in self._instances.values() if i.name not in names)
 
-    def known_models(self) -> set[str]:
-        out: set[str] = set()
-        for inst in self._instances.values():
-            out |= inst.models
-        return out
+    def set_models(self, inst: Instance, cards: dict[str, dict[str, Any]]) -> None:
+        """What an instance serves (from its /v1/models); keeps the fleet-wide set current."""
+        inst.model_cards = cards
+        inst.models = frozenset(cards)
+        self._refresh_models()
+
+    def _refresh_models(self) -> None:
+        self.models = frozenset().union(*(i.models for i in self._instances.values()))
+
+    def known_models(self) -> frozenset[str]:
+        return self.models
 
     def describe_unavailable(self, now: float) -> str:
         if not self._instances:

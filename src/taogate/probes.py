@@ -175,8 +175,7 @@ class Probes:
         cards = {m["id"]: m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)}
         if cards and set(cards) != set(inst.models):
             log.info("instance %s serves %s", inst.name, ", ".join(sorted(cards)))
-        inst.model_cards = cards
-        inst.models = frozenset(cards)
+        self._gw.fleet.set_models(inst, cards)
 
     async def scrape_all(self) -> None:
         if self._gw.settings.dispatch.scrape_interval <= 0:

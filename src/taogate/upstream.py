@@ -1,20 +1,32 @@
-"""The one pooled upstream HTTP client, and what crosses the hop in each direction.
+"""The one upstream connection pool, and what crosses the hop in each direction.
 
-httpx's API over aiohttp's transport: measured on this machine (see benchmarks/overhead.py and the
-gateway issue), httpx's default transport costs ~4x the CPU per proxied request of the aiohttp one.
+One ``aiohttp.ClientSession`` holds every connection to the instances. The proxy path uses it
+directly through ``Upstream.send``; probes, scrapes and admin calls use httpx's API over the *same*
+session (``httpx_aiohttp.AiohttpTransport(client=session)``). Measured on this machine
+(benchmarks/overhead.py; see the gateway issue's note), per proxied request: httpx's default
+transport ~1,900 µs of gateway CPU, httpx over the aiohttp transport ~1,650 µs, of which httpx's
+client layer (cookie extraction, URL parsing, auth and redirect hooks) is ~300 µs that a proxy does
+not need; calling aiohttp directly removes it.
 
-Transport failures are translated here, once, into ``AttemptFailure`` (retryable on another
-instance, before any byte went downstream) or the gateway's own OpenAI-shaped errors.
+Transport failures are translated here, once, into a ``FailureKind`` (see retry.classify)::
+
+    aiohttp.ClientConnectorError            → connect        (refused, reset, DNS: nothing was sent)
+    aiohttp.ConnectionTimeoutError          → connect_timeout
+    aiohttp.ServerDisconnectedError,
+    ClientPayloadError, ClientOSError       → closed         (died before a complete answer)
+    aiohttp.SocketTimeoutError, TimeoutError → read_timeout  (no byte within request_timeout)
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from multidict import CIMultiDict
 
 from taogate.auth import CREDENTIAL_HEADERS
 from taogate.errors import GatewayError, UpstreamError, UpstreamTimeout
@@ -57,15 +69,82 @@ class AttemptFailure(Exception):
         return UpstreamError(f"Instance {self.instance} failed: {self.detail}.")
 
 
-def make_client(cfg: GatewaySettings) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
-    transport = AiohttpTransport(limits=limits, trust_env=False)
-    return httpx.AsyncClient(transport=transport, timeout=request_timeouts(cfg), trust_env=False)
+class UpstreamResponse:
+    """The parts of an aiohttp response the relay uses; closing an unfinished one drops the
+    connection (so vLLM sees the disconnect and aborts the request) instead of reusing it."""
+
+    __slots__ = ("_resp", "raw_headers", "status_code")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+        self.status_code = resp.status
+        self.raw_headers: tuple[tuple[bytes, bytes], ...] = resp.raw_headers
+
+    def header(self, name: str) -> str:
+        return self._resp.headers.get(name, "")
+
+    async def aread(self) -> bytes:
+        return await self._resp.read()
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self._resp.content.iter_any()
+
+    def close(self) -> None:
+        if self._resp.content.at_eof():
+            self._resp.release()
+        else:
+            self._resp.close()
+
+
+class Upstream:
+    """Owns the pooled session; ``send`` is one attempt's request."""
+
+    def __init__(self, cfg: GatewaySettings) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=10
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies
+            auto_decompress=False,  # bytes are relayed verbatim
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            trust_env=False,
+        )
+        self.timeout = aiohttp_timeout(cfg)
+        # httpx's API for probes, scrapes and admin calls, over the same connection pool.
+        self.client = httpx.AsyncClient(
+            transport=AiohttpTransport(client=self.session), timeout=request_timeouts(cfg), trust_env=False
+        )
+
+    def configure(self, cfg: GatewaySettings) -> None:
+        """Timeouts follow a reload; the pool size is fixed for the process's life."""
+        self.timeout = aiohttp_timeout(cfg)
+        self.client.timeout = request_timeouts(cfg)
+
+    async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
+        hdrs = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
+        resp = await self.session.post(
+            url, data=body, headers=hdrs, timeout=self.timeout, allow_redirects=False
+        )
+        return UpstreamResponse(resp)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await self.session.close()
+
+
+def aiohttp_timeout(cfg: GatewaySettings) -> aiohttp.ClientTimeout:
+    # sock_read: the longest silence from the instance (a long prefill, maybe queued, before the
+    # first byte); connect: the wait for a pooled connection plus connecting.
+    return aiohttp.ClientTimeout(
+        total=None,
+        connect=cfg.request_timeout,
+        sock_connect=cfg.connect_timeout,
+        sock_read=cfg.request_timeout,
+    )
 
 
 def request_timeouts(cfg: GatewaySettings) -> httpx.Timeout:
-    # read: the wait for the response (a long prefill, maybe queued); pool: the wait for a free
-    # connection, which max_connections can make as long as a read.
     return httpx.Timeout(
         connect=cfg.connect_timeout,
         read=cfg.request_timeout,
@@ -74,25 +153,25 @@ def request_timeouts(cfg: GatewaySettings) -> httpx.Timeout:
     )
 
 
-def translate(exc: Exception) -> tuple[FailureKind, str]:
-    """An httpx exception → how the attempt failed, and a short description.
-
-    The aiohttp transport files every ``ClientConnectionError`` (a server that closed the connection
-    included) under ``httpx.ConnectTimeout``, so the aiohttp cause decides where it is known.
-    """
-    cause = exc.__cause__
-    name = type(cause or exc).__name__
-    if isinstance(cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-        return FailureKind.CLOSED, f"connection closed before an answer ({name})"
-    if isinstance(cause, aiohttp.ClientConnectorError) or isinstance(exc, httpx.ConnectError):
-        return FailureKind.CONNECT, f"cannot connect ({cause or exc})"
-    if isinstance(exc, httpx.PoolTimeout):
-        return FailureKind.POOL_TIMEOUT, "no free upstream connection ([gateway] max_connections)"
-    if isinstance(exc, httpx.WriteTimeout):
-        return FailureKind.WRITE_TIMEOUT, "request body not accepted in time"
-    if isinstance(exc, httpx.TimeoutException) or isinstance(cause, asyncio.TimeoutError):
+def translate(exc: BaseException) -> tuple[FailureKind, str]:
+    """An aiohttp (or httpx-over-aiohttp) exception → how the attempt failed, and a short description."""
+    cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ is not None else exc
+    name = type(cause).__name__
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        return FailureKind.CONNECT, f"cannot connect ({cause})"
+    if isinstance(cause, aiohttp.ConnectionTimeoutError):
+        return FailureKind.CONNECT_TIMEOUT, "no connection within the connect timeout"
+    if isinstance(
+        cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
+    ):
+        return FailureKind.CLOSED, f"connection closed before a complete answer ({name})"
+    if isinstance(cause, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return FailureKind.READ_TIMEOUT, f"no answer within the read timeout ({name})"
     return FailureKind.CLOSED, f"connection failed ({name})"
+
+
+#: What ``Upstream.send`` and a relay may raise for a failed hop (translated by ``translate``).
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 def upstream_headers(
@@ -112,7 +191,9 @@ def upstream_headers(
     return out
 
 
-def downstream_headers(raw: list[tuple[bytes, bytes]], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
+def downstream_headers(
+    raw: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]], *, keep_length: bool
+) -> list[tuple[bytes, bytes]]:
     out = []
     for k, v in raw:
         lk = k.lower()

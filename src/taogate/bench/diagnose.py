@@ -16,7 +16,9 @@ Decision rule (``decide``, pure), first match wins:
 
 - **dispatch** (exit 1): ``max latency(A) / max latency(B) >= drop`` (1.5: "drops a lot"). Lowering
   the cap fixed it, so requests were piling up in one queue. A slow instance, if any, is named in the
-  evidence too (least_busy routes around it; round robin does not).
+  evidence too (least_busy routes around it; round robin does not). Exception: when a probed-slow
+  instance already got well under its fair share of run A's requests (under 0.75x), dispatch is
+  routing around it and the verdict is the instance's (next rule).
 - **instance X is slow** (exit 2): lowering the cap did not help, and X's own probed prefill speed is
   below ``slow`` (0.6) x the median speed of the fleet (when no probe could run, the gateway's learned
   ``relative_speed`` from run A is used instead). Look inside X: AllReduce, host-device copies.
@@ -133,6 +135,18 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
             + ", ".join(f"{k} {v:.2f}" for k, v in ev.relative_speed.items())
         )
     slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow)
+    if slowest is not None and gain >= drop:
+        # Both signs at once. If dispatch already routes around the slow card (it got well under its
+        # fair share in run A), what remains is the card itself; if it got its full share, the queue
+        # piled on it is the problem to fix first.
+        share = a.per_instance.get(slowest[0])
+        fair = 1 / max(1, len(ev.probe_speeds or ev.relative_speed))
+        if share is not None and share.share < 0.75 * fair:
+            lines.append(
+                f"lowering the cap also helped ({gain:.1f}x), but dispatch already gives "
+                f"{slowest[0]} only {share.share:.0%} of the requests (fair share {fair:.0%})"
+            )
+            gain = 0.0  # judge the instance, below
     if gain >= drop:
         if slowest is not None:
             lines.append(

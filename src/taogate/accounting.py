@@ -1,0 +1,116 @@
+"""After a request: learn from what the instance reported, then account at the edges.
+
+Learning calibrates the prompt-size estimate (``usage.prompt_tokens``) and the instance's speed
+(TTFT over the prefill work it really did). Accounting updates the metrics once per request, the
+instance's last-minute window, and writes the one structured log line. Nothing here runs inside the
+dispatch decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taogate.access_log import AccessLog, RequestRecord
+from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.tokens import PromptSize, TokenEstimator
+from taogate.dispatch.types import RequestFacts
+from taogate.fleet import Fleet
+from taogate.instances import Lease
+from taogate.metrics import GatewayMetrics
+from taogate.relay import usage_counts
+
+#: The token estimate converges within a few dozen observations per model; past that, learn from
+#: one request in this many (its least-squares update is the costliest step after a response).
+CALIBRATE_EVERY = 8
+CALIBRATE_WARMUP = 64
+
+
+@dataclass(slots=True)
+class Accounting:
+    metrics: GatewayMetrics
+    fleet: Fleet
+    tokens: TokenEstimator
+    speeds: SpeedEstimator
+    access: AccessLog
+    clock: Callable[[], float]
+    long_tag: str
+    _seen: int = 0
+
+    def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
+        """Calibrate the token estimate and the instance's speed from a successful response."""
+        prompt, completion, cached = usage_counts(rec.usage)
+        rec.prompt_tokens = prompt
+        rec.completion_tokens = completion
+        if prompt is not None and facts.model is not None:
+            self._seen += 1
+            tokens = self.tokens
+            if self._seen % CALIBRATE_EVERY == 0 or tokens.observations(facts.model) < CALIBRATE_WARMUP:
+                tokens.observe(facts.model, size, prompt)
+        if rec.ttfb is None:
+            return
+        name = lease.instance.name
+        total = prompt if prompt is not None else facts.prompt_tokens
+        uncached = max(1, total - cached)
+        if facts.stream:
+            self.speeds.observe_first_token(
+                name,
+                ttft=rec.ttfb,
+                ahead_tokens=lease.ahead_tokens,
+                uncached_tokens=uncached,
+                prompt_tokens=total,
+            )
+            if completion:  # the decode pace, which non-stream samples need to find their prefill time
+                self.speeds.observe_completion(
+                    name,
+                    duration=self.clock() - rec.started - rec.queue_wait,
+                    completion_tokens=completion,
+                    ahead_tokens=lease.ahead_tokens,
+                    uncached_tokens=uncached,
+                    prompt_tokens=total,
+                    ttft=rec.ttfb,
+                )
+        else:
+            self.speeds.observe_completion(
+                name,
+                duration=rec.ttfb,
+                completion_tokens=completion or 0,
+                ahead_tokens=lease.ahead_tokens,
+                uncached_tokens=uncached,
+                prompt_tokens=total,
+            )
+
+    def record(self, rec: RequestRecord) -> None:
+        """Metrics, the instance's window and the access log line: once per request, every path."""
+        now = self.clock()
+        rec.duration = now - rec.started
+        m = self.metrics
+        child = m.child
+        instance = rec.instance or "none"
+        tag = self.long_tag if rec.long else "none"
+        model = rec.model if rec.model is not None and rec.model in self.fleet.models else "unknown"
+        child(m.requests, rec.route, model, instance, f"{rec.status // 100}xx", tag).inc()
+        if rec.reject is not None:
+            child(m.rejections, rec.reject).inc()
+        if rec.channel_fallback:
+            child(m.channel_fallbacks, "long" if rec.long else "short").inc()
+        if rec.instance is not None:
+            child(m.duration, rec.route, instance, tag).observe(rec.duration)
+            if rec.ttfb is not None:
+                child(m.ttfb, rec.route, instance, tag).observe(rec.ttfb)
+            if rec.prompt_tokens is not None:
+                child(m.prompt_tokens, instance, tag, "usage").inc(rec.prompt_tokens)
+            elif rec.prompt_tokens_est is not None and rec.status < 300:
+                child(m.prompt_tokens, instance, tag, "estimate").inc(rec.prompt_tokens_est)
+            if rec.completion_tokens:
+                child(m.completion_tokens, instance).inc(rec.completion_tokens)
+            inst = self.fleet.find(rec.instance)
+            if inst is not None:
+                inst.window.record(
+                    now,
+                    ok=rec.status < 500,
+                    prompt_tokens=rec.prompt_tokens or rec.prompt_tokens_est or 0,
+                    completion_tokens=rec.completion_tokens or 0,
+                    ttft=rec.ttfb,
+                )
+        self.access.emit(rec)
