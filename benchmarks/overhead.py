@@ -57,6 +57,7 @@ class Phase:
     name: str
     requests: int = 0
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
     events: int = 0
     wall: float = 0.0
     latencies: list[float] = field(default_factory=list, repr=False)
@@ -111,11 +112,15 @@ async def run_phase(
                 async with http.post(targets[i % len(targets)], data=bodies[i % 64], headers=hdrs) as r:
                     data = await r.read()
                     ok = r.status == 200
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 ok, data = False, b""
+                phase.error_kinds[type(exc).__name__] = phase.error_kinds.get(type(exc).__name__, 0) + 1
             phase.latencies.append(time.perf_counter() - t0)
             if not ok:
                 phase.errors += 1
+                if data:
+                    key = f"HTTP {r.status}"
+                    phase.error_kinds[key] = phase.error_kinds.get(key, 0) + 1
             if stream:
                 phase.events += data.count(b"data: ")
 
@@ -190,7 +195,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
     figs = [r.figures() for r in rounds]
     med = {k: median([f[k] for f in figs if k in f]) for k in figs[0]}
     errors = {
-        p.name: p.errors
+        p.name: (p.errors, p.error_kinds)
         for r in rounds
         for p in (r.direct, r.gateway, r.gateway_info, r.sdirect, r.sgateway)
         if p is not None and p.errors

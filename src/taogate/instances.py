@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 
 from taogate.breaker import Breaker
 from taogate.dispatch.speed import Pending
-from taogate.dispatch.types import InstanceView, Role
+from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.health import HealthState, HealthTracker
-from taogate.scrape import EngineSample, engine_stats
+from taogate.scrape import EngineSample, engine_stats, stale_after
 from taogate.window import RollingWindow
 
 
@@ -70,6 +70,7 @@ class Instance:
         self.pending: dict[Lease, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
+        self._engine_stats: EngineStats | None = None  # what dispatch may use of the last scrape
         self.engine_at = 0.0  # monotonic time of the last good scrape
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
         self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
@@ -91,6 +92,7 @@ class Instance:
         self.engine_prev = self.engine
         self.engine = sample
         self.engine_at = now
+        self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
 
     def waiting(self, now: float, decode_seconds_per_token: float) -> Iterator[Pending]:
         """Our requests here still without a first token, as evidence for ``speed_bound``.
@@ -116,11 +118,9 @@ class Instance:
         base_latency: float = 0.0,
         decode_seconds_per_token: float = 0.0,
     ) -> InstanceView:
-        engine = (
-            engine_stats(self.engine, self.engine_prev, self.engine_at, now, scrape_interval)
-            if scrape_interval > 0
-            else None
-        )
+        # The scrape's EngineStats is built once per scrape; a view only checks that it is still fresh.
+        stats = self._engine_stats
+        engine = stats if stats is not None and now - self.engine_at <= stale_after(scrape_interval) else None
         return InstanceView(
             name=self.spec.name,
             role=self.spec.role,

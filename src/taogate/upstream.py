@@ -100,8 +100,10 @@ class Upstream:
     """Owns the pooled session; ``send`` is one attempt's request."""
 
     def __init__(self, cfg: GatewaySettings) -> None:
+        # vLLM's server (uvicorn) closes a connection idle for 5 s; reusing one it is closing right
+        # then fails the request, so ours give up idle connections first.
         connector = aiohttp.TCPConnector(
-            limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=10
+            limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=4.0, ttl_dns_cache=10
         )
         self.session = aiohttp.ClientSession(
             connector=connector,
