@@ -98,9 +98,9 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
             "queue_timeout = 120\n"
         )
         gw, gw_url = start_gateway(
-            workdir, urls, "warning", API_KEY, extra=extra, max_connections=per_instance * 4
+            workdir, urls, args.log_level, API_KEY, extra=extra, max_connections=per_instance * 4
         )
-        await wait_ready(gw, gw_url, workdir / "gateway-warning.log")
+        await wait_ready(gw, gw_url, workdir / f"gateway-{args.log_level}.log")
         rss0 = rss_bytes(gw.pid)
         print(f"gateway pid {gw.pid}, RSS at start {rss0 / 2**20:.1f} MiB; {args.clients} concurrent streams")
         rounds = []
@@ -118,6 +118,10 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
         growth = (rounds[-1].rss_after - rounds[0].rss_after) / 2**20
         errors = sum(r.bad for r in rounds)
         print(f"errors: {errors}; RSS after round 1 → round {len(rounds)}: {growth:+.1f} MiB")
+        if errors:
+            log = (workdir / f"gateway-{args.log_level}.log").read_text(errors="replace").splitlines()
+            notable = [ln for ln in log if "taogate.access" not in ln][-30:]
+            print("gateway log (all but access lines, tail):\n" + "\n".join(notable))
         return 0 if errors == 0 else 1
     finally:
         stop_process(gw)
@@ -129,6 +133,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2000, help="concurrent streams per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=20, help="max_tokens per stream")
+    parser.add_argument("--log-level", default="warning", help="the gateway's log level")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="taogate-soak-") as tmp:
         sys.exit(asyncio.run(main_async(args, Path(tmp))))

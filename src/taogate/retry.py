@@ -108,7 +108,10 @@ def classify(kind: FailureKind, *, status: int | None = None, downstream_started
         known = status in _RETRYABLE_STATUS
         return Verdict(retry, fault, f"status_{status}" if known else f"status_{status // 100}xx")
     # Our own pool running dry says nothing about the instance; retrying would hit the same pool.
-    fault = kind is not FailureKind.POOL_TIMEOUT
+    # A connection closed before the answer is mostly the keep-alive race (a pooled connection the
+    # server closed while we picked it: under load thousands at once, which would eject a healthy
+    # fleet); an instance that really died refuses new connections (CONNECT) and fails its probes.
+    fault = kind not in (FailureKind.POOL_TIMEOUT, FailureKind.CLOSED)
     retry = kind in _RETRYABLE_KIND and not downstream_started
     return Verdict(retry, fault, kind.value)
 

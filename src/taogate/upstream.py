@@ -101,9 +101,10 @@ class Upstream:
 
     def __init__(self, cfg: GatewaySettings) -> None:
         # vLLM's server (uvicorn) closes a connection idle for 5 s; reusing one it is closing right
-        # then fails the request, so ours give up idle connections first.
+        # then fails the request, so ours give up idle connections well before (a busy loop sees the
+        # end of a response late, so "idle since" is late too).
         connector = aiohttp.TCPConnector(
-            limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=4.0, ttl_dns_cache=10
+            limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=2.5, ttl_dns_cache=10
         )
         self.session = aiohttp.ClientSession(
             connector=connector,
@@ -166,7 +167,7 @@ def translate(exc: BaseException) -> tuple[FailureKind, str]:
     if isinstance(
         cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
     ):
-        return FailureKind.CLOSED, f"connection closed before a complete answer ({name})"
+        return FailureKind.CLOSED, f"connection closed before a complete answer ({name}: {cause})"
     if isinstance(cause, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return FailureKind.READ_TIMEOUT, f"no answer within the read timeout ({name})"
     return FailureKind.CLOSED, f"connection failed ({name})"

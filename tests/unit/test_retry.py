@@ -76,13 +76,18 @@ def test_instance_overload_4xx_is_retried_elsewhere_without_blame(status: int) -
     [
         FailureKind.CONNECT,
         FailureKind.CONNECT_TIMEOUT,
-        FailureKind.CLOSED,
         FailureKind.READ_TIMEOUT,
         FailureKind.WRITE_TIMEOUT,
     ],
 )
 def test_transport_failures_before_any_byte_are_retried(kind: FailureKind) -> None:
     assert classify(kind) == Verdict(True, True, kind.value)
+
+
+def test_a_closed_connection_is_retried_without_blaming_the_instance() -> None:
+    # The keep-alive race: a pooled connection the server closed as we picked it. Under a burst after
+    # a pause thousands fail at once; blaming the instance would eject a healthy fleet (soak.py).
+    assert classify(FailureKind.CLOSED) == Verdict(True, False, "closed")
 
 
 def test_pool_timeout_is_ours_not_the_instance() -> None:
