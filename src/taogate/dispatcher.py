@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taogate.dispatch.admission import decide, retry_after_seconds
-from taogate.dispatch.policy import Policy
+from taogate.dispatch.policy import Policy, RoundRobin
 from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet import Fleet
@@ -113,6 +113,14 @@ class Dispatcher:
             return lease, decision
         return decision
 
+    def could_send(self, facts: RequestFacts, exclude: frozenset[str]) -> bool:
+        """Whether some instance outside ``exclude`` can take this request now or after a wait.
+
+        Asks with a throwaway policy: the real one keeps memory (rotation, warm prefixes) that a
+        question must not move."""
+        views = self.fleet.views(self._clock())
+        return not isinstance(decide(facts, views, RoundRobin(), exclude), Refuse)
+
     def _refusal(self, refuse: Refuse, facts: RequestFacts) -> GatewayError:
         if refuse.reason == "model_not_found":
             known = ", ".join(sorted(self.fleet.known_models())) or "(none learned yet)"
@@ -151,18 +159,24 @@ class Dispatcher:
         try:
             async with asyncio.timeout(self.queue_timeout):
                 lease, send = await waiter.future
-        except TimeoutError:
-            raise Overloaded(
-                f"Waited {self.queue_timeout:g}s in the gateway queue; every eligible instance stayed "
-                "at max_queue_per_instance.",
-                code="queue_timeout",
-                retry_after=self.retry_after(),
-            ) from None
-        except BaseException:
-            # Cancelled (client gone) possibly right after a slot was handed over: give it back.
+        except BaseException as exc:
+            # A slot may have been handed over in the same loop turn as the timeout or the
+            # cancellation fired: a timed-out waiter that won the race keeps it; otherwise it goes
+            # back at once, so no slot (or breaker trial) is ever held by nobody.
             fut = waiter.future
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
+            granted = fut.done() and not fut.cancelled() and fut.exception() is None
+            if granted and isinstance(exc, TimeoutError):
+                lease, send = fut.result()
+                return lease, send, self._clock() - started
+            if granted:
                 fut.result()[0].release()
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"Waited {self.queue_timeout:g}s in the gateway queue; every eligible instance "
+                    "stayed at max_queue_per_instance.",
+                    code="queue_timeout",
+                    retry_after=self.retry_after(),
+                ) from None
             raise
         finally:
             if waiter in self._waiters:

@@ -73,6 +73,7 @@ class Exchange:
     send: Send
     rec: RequestRecord
     started: bool = False  # a response has begun downstream: no more retries, no error JSON
+    finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
 
 
 def _new_request_id() -> bytes:
@@ -298,7 +299,8 @@ class Gateway:
 
         def on_message(fut: asyncio.Future[Any]) -> None:
             nonlocal gone
-            if watching and not fut.cancelled() and fut.exception() is None:
+            # uvicorn answers receive() with http.disconnect once the response is complete, too.
+            if watching and not ex.finished and not fut.cancelled() and fut.exception() is None:
                 gone = True
                 task.cancel()
 
@@ -334,10 +336,12 @@ class Gateway:
             tried = exclude | {lease.instance.name}
 
             def may_retry(tried: frozenset[str] = tried, attempt: int = attempt) -> bool:
+                # Only when another instance could really take it (model, channel, health), or the
+                # instance's own answer would be swapped for a gateway 503.
                 now = self.clock()
                 return (
                     attempt < retry.max_attempts
-                    and self.fleet.any_available_except(tried, now)
+                    and self.dispatcher.could_send(ex.facts, tried)
                     and self.budget.try_spend(now)
                 )
 
@@ -407,12 +411,14 @@ class Gateway:
                 self._judge(
                     ex, inst, FailureKind.STATUS, f"HTTP {status}", may_retry=may_retry, status=status
                 )
+            complete = True
             if response.header("content-type").startswith("text/event-stream"):
-                await self._relay_stream(ex, lease, response, sent_at)
+                complete = await self._relay_stream(ex, lease, response, sent_at)
             else:
                 await self._relay_whole(ex, lease, response, sent_at, may_retry)
-            ex.rec.status = status
-            if status < 500:
+            if complete:
+                ex.rec.status = status
+            if complete and status < 500:
                 t = inst.breaker.record_success(self.clock())
                 if t is not None:
                     self.probes.breaker_changed(inst, t)
@@ -451,14 +457,16 @@ class Gateway:
         headers.append((b"content-length", str(len(data)).encode()))
         ex.started = True
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        ex.finished = True
         await ex.send({"type": "http.response.body", "body": data, "more_body": False})
         if response.status_code == 200:
             ex.rec.usage = usage_of_body(data)
 
     async def _relay_stream(
         self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
-    ) -> None:
-        """Relay SSE bytes as they arrive; a failure now ends the stream with an error event."""
+    ) -> bool:
+        """Relay SSE bytes as they arrive. A failure now ends the stream with an error event (on an
+        event boundary) and blames the instance; returns whether the stream completed."""
         inst = lease.instance
         send = ex.send
         ex.started = True
@@ -468,22 +476,27 @@ class Gateway:
         idle = self.settings.gateway.stream_idle_timeout
         guard = IdleGuard(idle)
         first = True
+        tail = b"\n\n"
         error: tuple[str, str] | None = None
         try:
             async for chunk in response.aiter_raw():
-                guard.touch()
                 if first:
                     first = False
                     lease.first_token()
                     ex.rec.ttfb = self.clock() - sent_at
                 tap.feed(chunk)
+                guard.sending = True  # a slow client is not a silent instance
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                guard.sending = False
+                guard.touch()
+                tail = chunk[-2:]
         except asyncio.CancelledError:
-            if not guard.expired:
-                raise
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            # The guard's cancel alone means the instance went silent; any other (the client
+            # hung up, shutdown) must propagate.
+            if not guard.expired or task is None or task.cancelling() > 1:
+                raise
+            task.uncancel()
             error = ("stream_idle_timeout", f"no data from instance {inst.name} for {idle:g}s")
         except UPSTREAM_ERRORS as exc:
             error = (
@@ -495,13 +508,17 @@ class Gateway:
         if error is not None:
             code, message = error
             ex.rec.error = code
+            ex.rec.status = 502  # accounted as the failure it is, although 200 went out first
             self.metrics.stream_errors.labels(inst.name, code).inc()
             self._instance_failed(inst)
-            await send(
-                {"type": "http.response.body", "body": sse_error_event(message, code), "more_body": True}
-            )
+            event = sse_error_event(message, code)
+            if tail != b"\n\n":  # never splice the error into a half-relayed event
+                event = b"\n\n" + event
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        ex.finished = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         ex.rec.usage = tap.usage
+        return error is None
 
     @staticmethod
     async def _send_error(send: Send, exc: GatewayError, rid: bytes) -> None:

@@ -16,10 +16,11 @@ class IdleGuard:
     """Cancels the relaying task when no chunk has arrived for ``idle`` seconds.
 
     The relay calls ``touch()`` per chunk (a float store); a single timer re-arms itself at
-    ``last + idle`` instead of being rescheduled on every chunk.
+    ``last + idle`` instead of being rescheduled on every chunk. Time spent blocked sending to a slow
+    client (``sending``) does not count: only the instance's silence does.
     """
 
-    __slots__ = ("_handle", "_idle", "_loop", "_task", "expired", "last")
+    __slots__ = ("_handle", "_idle", "_loop", "_task", "expired", "last", "sending")
 
     def __init__(self, idle: float) -> None:
         self._loop = asyncio.get_running_loop()
@@ -28,6 +29,7 @@ class IdleGuard:
         self._task = task
         self._idle = idle
         self.expired = False
+        self.sending = False  # blocked writing to the client: that time is not the instance's
         self.last = self._loop.time()
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last + idle, self._check)
 
@@ -36,6 +38,8 @@ class IdleGuard:
 
     def _check(self) -> None:
         deadline = self.last + self._idle
+        if self.sending:
+            deadline = self._loop.time() + self._idle
         if self._loop.time() < deadline:
             self._handle = self._loop.call_at(deadline, self._check)
             return

@@ -114,6 +114,10 @@ async def test_a_stream_broken_mid_way_ends_cleanly_with_an_error_event(
             data = b"".join([c async for c in r.aiter_bytes()])
         assert r.status_code == 200
         assert b'"code":"upstream_stream_broken"' in data and data.endswith(b"data: [DONE]\n\n")
+        # The error event starts on an event boundary, and the failure counts against the instance
+        # (not reset by the 200 that went out first).
+        assert b'\n\ndata: {"error"' in data or data.startswith(b'data: {"error"')
+        assert gw.gateway.fleet.get("i0").breaker.consecutive_failures == 1
         assert_nothing_leaked(gw)
 
 

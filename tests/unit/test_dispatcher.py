@@ -1,0 +1,57 @@
+"""The gateway queue: a slot handed over in the same loop turn as a timeout or a cancellation is
+never lost (found in review: the cap slot, its pending lease and a breaker trial leaked forever)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from taogate.dispatch.policy import make_policy
+from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.types import RequestFacts
+from taogate.dispatcher import Dispatcher
+from taogate.fleet import Fleet, specs_from_settings
+from taogate.settings import InstanceSettings, Settings
+
+FACTS = RequestFacts(model=None, prompt_tokens=10, long=False)
+
+
+def one_slot_fleet(queue_timeout: float) -> tuple[Fleet, Dispatcher]:
+    s = Settings(instances=[InstanceSettings(url="http://127.0.0.1:9", max_queue=1)])
+    fleet = Fleet(s, SpeedEstimator())
+    fleet.apply(s, specs_from_settings(s, {}))
+    next(iter(fleet)).health.record(True, 0.0)
+    d = Dispatcher(
+        fleet, make_policy("least_busy"), queue_size=10, queue_timeout=queue_timeout, clock=time.monotonic
+    )
+    return fleet, d
+
+
+async def test_a_timed_out_waiter_that_won_the_slot_keeps_it() -> None:
+    fleet, d = one_slot_fleet(queue_timeout=0.05)
+    inst = next(iter(fleet))
+    held, _, _ = await d.acquire(FACTS)
+    waiter = asyncio.create_task(d.acquire(FACTS))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, held.release)
+    loop.call_soon(time.sleep, 0.1)  # a busy loop: the release and the timeout fall due in one turn
+    lease, _, _ = await waiter
+    assert inst.inflight == 1
+    lease.release()
+    assert (inst.inflight, inst.prefilling, inst.prefill_tokens, len(inst.pending)) == (0, 0, 0, 0)
+
+
+async def test_a_cancelled_waiter_gives_a_handed_over_slot_back() -> None:
+    fleet, d = one_slot_fleet(queue_timeout=5.0)
+    inst = next(iter(fleet))
+    held, _, _ = await d.acquire(FACTS)
+    waiter = asyncio.create_task(d.acquire(FACTS))
+    await asyncio.sleep(0)
+    held.release()  # hands the slot to the waiter...
+    waiter.cancel()  # ...whose client goes away in the same turn
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (inst.inflight, len(inst.pending), d.queued) == (0, 0, 0)
