@@ -57,6 +57,17 @@ _FIELDS = (
 )
 
 
+def _text(value: object) -> str:
+    """A value for the text format: client-supplied strings (model, tag) are cut and quoted when they
+    hold spaces, quotes or line breaks, so one request is always exactly one parseable line."""
+    if not isinstance(value, str):
+        return str(value)
+    value = value[:128]
+    if value and value.isprintable() and not any(c in value for c in ' "='):
+        return value
+    return orjson.dumps(value).decode()
+
+
 class AccessLog:
     def __init__(self, fmt: Literal["text", "json"]) -> None:
         self.fmt = fmt
@@ -68,7 +79,7 @@ class AccessLog:
                 fields[k] = round(fields[k], 4)
         if self.fmt == "json":
             return orjson.dumps(fields).decode()
-        return " ".join(f"{k}={v}" for k, v in fields.items())
+        return " ".join(f"{k}={_text(v)}" for k, v in fields.items())
 
     def emit(self, rec: RequestRecord) -> None:
         if log.isEnabledFor(logging.INFO):

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import logging
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -138,7 +139,7 @@ async def _serve(settings: Settings, source: Any) -> None:
             log_level=g.log_level,
             access_log=False,  # taogate writes its own structured line per request
             server_header=False,
-            timeout_graceful_shutdown=int(g.shutdown_timeout) or None,
+            timeout_graceful_shutdown=max(1, math.ceil(g.shutdown_timeout)),  # None would mean forever
             loop="auto",
             http="auto",
         )

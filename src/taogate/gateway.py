@@ -30,20 +30,20 @@ from taogate.accounting import Accounting
 from taogate.auth import KeyCheck, header
 from taogate.discovery import Resolver, discovered_specs, system_resolver
 from taogate.dispatch.policy import Policy, make_policy
-from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.tokens import PromptSize, TokenEstimator, load_exact_counter, prompt_size
+from taogate.dispatch.tokens import PromptSize, TokenEstimator, load_exact_counter
 from taogate.dispatch.types import RequestFacts
 from taogate.dispatcher import Dispatcher
-from taogate.errors import GatewayError, NoInstance, sse_error_event
+from taogate.errors import GatewayError, NoInstance
 from taogate.fleet import Fleet, specs_from_settings
 from taogate.instances import Instance, InstanceSpec, Lease
-from taogate.intake import ClientGone, Route, model_of, parse_json_object, read_body
+from taogate.intake import ClientGone, Route, model_of, parse_json_object, read_body, request_facts
 from taogate.metrics import FleetCollector, GatewayMetrics
 from taogate.probes import Probes
-from taogate.relay import IdleGuard, UsageTap, usage_of_body
+from taogate.relay import usage_of_body
 from taogate.retry import FailureKind, RetryBudget, backoff, classify
 from taogate.settings import ConfigError, Settings
+from taogate.stream import relay_sse
 from taogate.upstream import (
     UPSTREAM_ERRORS,
     AttemptFailure,
@@ -183,8 +183,18 @@ class Gateway:
     def reload(self, settings: Settings) -> tuple[list[str], list[str], list[str]]:
         """Apply a new validated config; in-flight requests keep their leases."""
         keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
-        if settings.discovery.dns != self.settings.discovery.dns:
+        old = self.settings
+        if settings.discovery.dns != old.discovery.dns:
             self.discovered = []  # another name: its addresses come with the next resolution
+        restart_only = old.restart_only_changes(settings)
+        if restart_only:
+            log.warning("reload: %s take effect only after a restart", ", ".join(restart_only))
+        d_old, d_new = old.dispatch, settings.dispatch
+        policy_changed = (d_old.strategy, d_old.prefix_affinity, d_old.affinity_slack) != (
+            d_new.strategy,
+            d_new.prefix_affinity,
+            d_new.affinity_slack,
+        )
         self.keys = keys
         self.settings = settings
         changes = self.fleet.apply(settings, self._specs(settings))
@@ -193,7 +203,8 @@ class Gateway:
         if self.upstream is not None:
             self.upstream.configure(settings.gateway)
         d = settings.dispatch
-        self.dispatcher.policy = self._make_policy(settings)
+        if policy_changed:  # a rebuilt policy forgets its rotation and its warm prefixes
+            self.dispatcher.policy = self._make_policy(settings)
         self.dispatcher.queue_size = d.queue_size
         self.dispatcher.queue_timeout = d.queue_timeout
         self.budget.ratio = d.retry.budget_ratio
@@ -222,21 +233,8 @@ class Gateway:
     def facts(
         self, route: Route, payload: dict[str, Any], model: str | None
     ) -> tuple[RequestFacts, PromptSize]:
-        size = prompt_size(route.kind, payload, self._exact)
-        tokens = self.tokens.estimate(model, size)
-        shared = shared_prefix(route.kind, payload) if self.settings.dispatch.prefix_affinity else None
-        limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
-        return (
-            RequestFacts(
-                model=model,
-                prompt_tokens=tokens,
-                long=tokens > self.settings.prefill.long_input_threshold,
-                prefix_key=shared.key if shared else None,
-                prefix_tokens=self.tokens.estimate(model, shared.size) if shared else 0,
-                stream=payload.get("stream") is True,
-                max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
-            ),
-            size,
+        return request_facts(
+            route, payload, model, tokens=self.tokens, settings=self.settings, exact=self._exact
         )
 
     async def handle(self, route: Route, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -465,60 +463,35 @@ class Gateway:
     async def _relay_stream(
         self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
     ) -> bool:
-        """Relay SSE bytes as they arrive. A failure now ends the stream with an error event (on an
-        event boundary) and blames the instance; returns whether the stream completed."""
+        """Relay the SSE stream; a failure after the 200 blames the instance and is accounted as the
+        502-class failure it is. Returns whether the stream completed."""
         inst = lease.instance
-        send = ex.send
         ex.started = True
         headers = self._response_headers(response, ex, inst)
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        tap = UsageTap()
-        idle = self.settings.gateway.stream_idle_timeout
-        guard = IdleGuard(idle)
-        first = True
-        tail = b"\n\n"
-        error: tuple[str, str] | None = None
-        try:
-            async for chunk in response.aiter_raw():
-                if first:
-                    first = False
-                    lease.first_token()
-                    ex.rec.ttfb = self.clock() - sent_at
-                tap.feed(chunk)
-                guard.sending = True  # a slow client is not a silent instance
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                guard.sending = False
-                guard.touch()
-                tail = chunk[-2:]
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            # The guard's cancel alone means the instance went silent; any other (the client
-            # hung up, shutdown) must propagate.
-            if not guard.expired or task is None or task.cancelling() > 1:
-                raise
-            task.uncancel()
-            error = ("stream_idle_timeout", f"no data from instance {inst.name} for {idle:g}s")
-        except UPSTREAM_ERRORS as exc:
-            error = (
-                "upstream_stream_broken",
-                f"instance {inst.name} broke the stream ({type(exc).__name__})",
-            )
-        finally:
-            guard.close()
-        if error is not None:
-            code, message = error
-            ex.rec.error = code
-            ex.rec.status = 502  # accounted as the failure it is, although 200 went out first
-            self.metrics.stream_errors.labels(inst.name, code).inc()
+        await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+
+        def first_chunk() -> None:
+            lease.first_token()
+            ex.rec.ttfb = self.clock() - sent_at
+
+        def last_message() -> None:
+            ex.finished = True
+
+        end = await relay_sse(
+            response,
+            ex.send,
+            instance=inst.name,
+            idle=self.settings.gateway.stream_idle_timeout,
+            on_first_chunk=first_chunk,
+            on_last_message=last_message,
+        )
+        ex.rec.usage = end.usage
+        if end.error is not None:
+            ex.rec.error = end.error
+            ex.rec.status = 502
+            self.metrics.stream_errors.labels(inst.name, end.error).inc()
             self._instance_failed(inst)
-            event = sse_error_event(message, code)
-            if tail != b"\n\n":  # never splice the error into a half-relayed event
-                event = b"\n\n" + event
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        ex.finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        ex.rec.usage = tap.usage
-        return error is None
+        return end.error is None
 
     @staticmethod
     async def _send_error(send: Send, exc: GatewayError, rid: bytes) -> None:

@@ -12,7 +12,11 @@ from typing import Any, Literal
 
 import orjson
 
+from taogate.dispatch.prefix import shared_prefix
+from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
+from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge
+from taogate.settings import Settings
 
 RouteKind = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
 
@@ -95,3 +99,32 @@ def model_of(route: Route, payload: dict[str, Any]) -> str | None:
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string.", code="invalid_model", param="model")
     return model
+
+
+def request_facts(
+    route: Route,
+    payload: dict[str, Any],
+    model: str | None,
+    *,
+    tokens: TokenEstimator,
+    settings: Settings,
+    exact: ExactCounter | None = None,
+) -> tuple[RequestFacts, PromptSize]:
+    """What dispatch needs to know about one request: size (calibrated estimate), long or not,
+    shared-prefix key, stream flag, output limit. Also returns the size features for calibration."""
+    size = prompt_size(route.kind, payload, exact)
+    estimate = tokens.estimate(model, size)
+    shared = shared_prefix(route.kind, payload) if settings.dispatch.prefix_affinity else None
+    limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    return (
+        RequestFacts(
+            model=model,
+            prompt_tokens=estimate,
+            long=estimate > settings.prefill.long_input_threshold,
+            prefix_key=shared.key if shared else None,
+            prefix_tokens=tokens.estimate(model, shared.size) if shared else 0,
+            stream=payload.get("stream") is True,
+            max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        ),
+        size,
+    )

@@ -18,7 +18,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -28,7 +28,7 @@ log = logging.getLogger("taogate.settings")
 
 Strategy = Literal["least_busy", "round_robin"]
 Role = Literal["any", "long", "short"]
-STRATEGIES: tuple[str, ...] = ("least_busy", "round_robin")
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 #: Read timeouts below this make long prefills time out and retry, which deepens queues (article, §5).
 MIN_SAFE_READ_TIMEOUT = 30.0
@@ -72,7 +72,11 @@ class GatewaySettings(_Section):
         default=120.0, gt=0, description="Seconds to wait for an instance's response (read timeout)."
     )
     connect_timeout: float = Field(default=10.0, gt=0, description="Seconds to connect to an instance.")
-    write_timeout: float = Field(default=30.0, gt=0, description="Seconds to send a request body.")
+    write_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds to send a probe's request (the proxy path's is bounded by request_timeout).",
+    )
     stream_idle_timeout: float = Field(
         default=60.0, gt=0, description="Seconds without a byte mid-stream before the stream is ended."
     )
@@ -80,7 +84,9 @@ class GatewaySettings(_Section):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body (413).")
     shutdown_timeout: float = Field(default=30.0, ge=0, description="Seconds in-flight work gets on stop.")
     log_format: Literal["text", "json"] = Field(default="text", description="Per-request log line format.")
-    log_level: str = Field(default="info", description="Python logging level name.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="Logging level."
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -181,7 +187,14 @@ class InstanceSettings(_Section):
 
     @property
     def label(self) -> str:
-        return self.name or urlsplit(self.url).netloc
+        """The name, or host:port: never the URL's user:password part, since labels go into
+        response headers, metrics and logs."""
+        if self.name:
+            return self.name
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{parts.port}" if parts.port else host
 
 
 class DiscoverySettings(_Section):
@@ -270,9 +283,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:
         labels = [i.label for i in self.instances]
+        if self.overflow is not None:
+            labels.append(self.overflow.label)
         dupes = sorted({n for n in labels if labels.count(n) > 1})
         if dupes:
-            raise ValueError(f"[[instances]] names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(
+                f"[[instances]] and [overflow] names must be unique; repeated: {', '.join(dupes)} "
+                "(give them distinct `name`s)"
+            )
         return self
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str:
@@ -297,6 +315,21 @@ class Settings(BaseSettings):
             raise ConfigError(f"[gateway] admin_key_env names {name}, which is not set: export {name}=…")
         return value
 
+    def restart_only_changes(self, new: Settings) -> list[str]:
+        """Keys that differ in ``new`` but a running gateway cannot change (the listening socket, the
+        routes, the connection pool, logging, the tokenizer): a reload names them in a warning."""
+        a, b = self, new
+        pairs = [
+            ("[gateway] host", a.gateway.host, b.gateway.host),
+            ("[gateway] port", a.gateway.port, b.gateway.port),
+            ("[gateway] base_url path", a.gateway.prefix, b.gateway.prefix),
+            ("[gateway] max_connections", a.gateway.max_connections, b.gateway.max_connections),
+            ("[gateway] log_level", a.gateway.log_level, b.gateway.log_level),
+            ("[prefill] tokenizer", a.prefill.tokenizer, b.prefill.tokenizer),
+            ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
+        ]
+        return [key for key, old, cur in pairs if old != cur]
+
     def warnings(self) -> list[str]:
         """Problems that do not stop the gateway but will hurt long prefills."""
         out: list[str] = []
@@ -310,6 +343,12 @@ class Settings(BaseSettings):
             out.append(
                 "[dispatch.retry] backoff_base under 0.1 s: prefill retries are expensive and quick "
                 "retries deepen queues."
+            )
+        caps = sum(i.max_queue or self.dispatch.max_queue_per_instance for i in self.instances)
+        if caps > self.gateway.max_connections:
+            out.append(
+                f"[gateway] max_connections = {self.gateway.max_connections} is below the sum of the "
+                f"instances' caps ({caps}): requests past it wait for a free upstream connection."
             )
         if not self.instances and self.discovery.dns is None:
             out.append("no instances configured: every request will get 503 until some are added.")

@@ -1,8 +1,9 @@
 """The one upstream connection pool, and what crosses the hop in each direction.
 
-One ``aiohttp.ClientSession`` holds every connection to the instances. The proxy path uses it
-directly through ``Upstream.send``; probes, scrapes and admin calls use httpx's API over the *same*
-session (``httpx_aiohttp.AiohttpTransport(client=session)``). Measured on this machine
+One ``aiohttp.ClientSession`` holds the proxied requests' connections to the instances; the proxy
+path uses it directly through ``Upstream.send``. Probes, scrapes and admin calls use httpx's API over
+a small session of their own (``httpx_aiohttp.AiohttpTransport(client=...)``), so they never queue
+behind proxied requests. Measured on this machine
 (benchmarks/overhead.py; see the gateway issue's note), per proxied request: httpx's default
 transport ~1,900 µs of gateway CPU, httpx over the aiohttp transport ~1,650 µs, of which httpx's
 client layer (cookie extraction, URL parsing, auth and redirect hooks) is ~300 µs that a proxy does
@@ -114,9 +115,18 @@ class Upstream:
             trust_env=False,
         )
         self.timeout = aiohttp_timeout(cfg)
-        # httpx's API for probes, scrapes and admin calls, over the same connection pool.
+        # httpx's API for probes, scrapes and admin calls, over a small pool of their own: a probe
+        # must never wait behind proxied requests for a connection (a saturated pool would make
+        # healthy instances fail their probes).
+        self._probe_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=32, keepalive_timeout=2.5),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+        )
         self.client = httpx.AsyncClient(
-            transport=AiohttpTransport(client=self.session), timeout=request_timeouts(cfg), trust_env=False
+            transport=AiohttpTransport(client=self._probe_session),
+            timeout=request_timeouts(cfg),
+            trust_env=False,
         )
 
     def configure(self, cfg: GatewaySettings) -> None:
@@ -133,6 +143,7 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self._probe_session.close()
         await self.session.close()
 
 

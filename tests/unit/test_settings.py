@@ -75,7 +75,11 @@ def test_article_files_verbatim_work(tmp_path: Path) -> None:
     assert s.prefill.long_input_threshold == 4096
     assert [i.url for i in s.instances] == [f"http://127.0.0.1:{p}" for p in range(8000, 8004)]
     assert [i.label for i in s.instances] == [f"127.0.0.1:{p}" for p in range(8000, 8004)]
-    assert s.warnings() == []
+    # Its one weak spot, said plainly: 4 instances x 32 can hold more requests than 64 connections.
+    assert s.warnings() == [
+        "[gateway] max_connections = 64 is below the sum of the instances' caps (128): requests past "
+        "it wait for a free upstream connection."
+    ]
 
 
 def test_settings_json_given_explicitly(tmp_path: Path) -> None:
@@ -207,3 +211,25 @@ def test_readme_config_reference_lists_every_key() -> None:
     expected = {(sec, name) for sec, cls in sections.items() for name in cls.model_fields if name != "retry"}
     assert expected - rows == set()
     assert {r for r in rows if r[0] in sections} - expected == set()
+
+
+def test_the_strategies_dispatch_knows_are_the_ones_config_accepts() -> None:
+    from taogate.dispatch.policy import STRATEGIES as POLICIES
+    from taogate.settings import STRATEGIES
+
+    assert set(POLICIES) == set(STRATEGIES)
+
+
+def test_instance_labels_never_carry_url_credentials(tmp_path: Path) -> None:
+    toml = ARTICLE_TOML + '[[instances]]\nurl = "http://user:secret@127.0.0.1:8000"\n'
+    s = load_settings(write(tmp_path, toml))
+    assert s.instances[0].label == "127.0.0.1:8000"
+
+
+def test_overflow_name_must_not_collide_with_an_instance(tmp_path: Path) -> None:
+    toml = (
+        ARTICLE_TOML
+        + '[[instances]]\nurl = "http://127.0.0.1:8000"\n[overflow]\nurl = "http://127.0.0.1:8000"\n'
+    )
+    with pytest.raises(ConfigError, match="must be unique"):
+        load_settings(write(tmp_path, toml))

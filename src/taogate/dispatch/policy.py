@@ -39,7 +39,7 @@ from .types import InstanceView, RequestFacts, Send
 
 __all__ = ["STRATEGIES", "LeastBusy", "Policy", "RoundRobin", "make_policy"]
 
-STRATEGIES: Final = ("least_busy", "round_robin")
+STRATEGIES: Final = ("least_busy", "round_robin")  # the values of settings.Strategy, kept in step by a test
 
 
 class Policy(Protocol):

@@ -1,0 +1,73 @@
+"""Relaying one SSE stream: bytes as they arrive, and a clean end whatever happens upstream.
+
+Once the first byte has gone to the client nothing can be retried, so every failure ends the
+stream the same way: an OpenAI-shaped error event, on an event boundary, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from taogate.errors import sse_error_event
+from taogate.relay import IdleGuard, UsageTap
+from taogate.upstream import UPSTREAM_ERRORS, UpstreamResponse
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    error: str | None  # None: the instance finished the stream; else a bounded code
+    usage: dict[str, Any] | None
+
+
+async def relay_sse(
+    response: UpstreamResponse,
+    send: Send,
+    *,
+    instance: str,
+    idle: float,
+    on_first_chunk: Callable[[], None],
+    on_last_message: Callable[[], None],
+) -> StreamEnd:
+    """Relay the body of an already-started SSE response; always sends the final body message."""
+    tap = UsageTap()
+    guard = IdleGuard(idle)
+    first = True
+    tail = b"\n\n"
+    error: tuple[str, str] | None = None
+    try:
+        async for chunk in response.aiter_raw():
+            if first:
+                first = False
+                on_first_chunk()
+            tap.feed(chunk)
+            guard.sending = True  # a slow client is not a silent instance
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            guard.sending = False
+            guard.touch()
+            tail = chunk[-2:]
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        # The guard's cancel alone means the instance went silent; any other cancel (the client
+        # hung up, shutdown) must propagate.
+        if not guard.expired or task is None or task.cancelling() > 1:
+            raise
+        task.uncancel()
+        error = ("stream_idle_timeout", f"no data from instance {instance} for {idle:g}s")
+    except UPSTREAM_ERRORS as exc:
+        error = ("upstream_stream_broken", f"instance {instance} broke the stream ({type(exc).__name__})")
+    finally:
+        guard.close()
+    if error is not None:
+        code, message = error
+        event = sse_error_event(message, code)
+        if tail != b"\n\n":  # never splice the error into a half-relayed event
+            event = b"\n\n" + event
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    on_last_message()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return StreamEnd(error[0] if error else None, tap.usage)
