@@ -101,8 +101,9 @@ async def test_long_prompts_spread_instead_of_piling_up() -> None:
     spread, piles = await _long_every_fourth("least_busy")
     assert sum(spread) == 16
     # The pile-up the article measured: long prompts waiting behind long prompts on one instance.
-    # With least_busy at most two ever wait at one instance at once (round robin: 5 to a dozen).
-    assert max(piles) <= 2, piles
+    # With least_busy at most two (three on a starved machine) ever wait at one instance at once;
+    # round robin: 5 to a dozen (asserted >= 4 below).
+    assert max(piles) <= 3, piles
     # Counts are only forced even while long prompts overlap in time; on a slow, noisy machine the
     # previous one may be done before the next arrives, and then any instance is a fine choice.
     assert max(spread) <= 8 and sum(1 for n in spread if n) >= 3, spread
