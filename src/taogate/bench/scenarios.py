@@ -117,8 +117,14 @@ def gateway_settings(
     """taogate ``Settings`` for a loopback gateway in front of ``urls`` (fast probes and scrapes)."""
     from taogate.settings import Settings
 
+    cap = dispatch.get("max_queue_per_instance", scenario.max_queue)
     return Settings(
-        gateway={"base_url": "http://127.0.0.1:8080/api", "request_timeout": 300, "host": "127.0.0.1"},
+        gateway={
+            "base_url": "http://127.0.0.1:8080/api",
+            "request_timeout": 300,
+            "host": "127.0.0.1",
+            "max_connections": max(64, cap * len(urls)),  # the pool never the bottleneck under test
+        },
         dispatch={
             "strategy": scenario.strategy,
             "prefix_affinity": scenario.prefix_affinity,
