@@ -1,6 +1,7 @@
 # taogate: two commands on a fresh machine.
 #   make demo   emulated vLLM fleet + gateway + the article's checks (bench --compare, diagnose)
 #   make check  lint, types, tests (what CI runs)
+#   make bench  the benchmarks that print the README's figures (minutes; not part of check)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -32,6 +33,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/dispatch.py
+	$(BIN)/python benchmarks/soak.py
+	$(BIN)/python benchmarks/emulator_figures.py
 
 # Regenerate the pinned versions after changing dependencies in pyproject.toml.
 lock: $(STAMP)
