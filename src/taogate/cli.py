@@ -273,8 +273,7 @@ def drain(
     key: KeyOpt = None,
 ) -> None:
     """Stop sending new work to an instance; its in-flight requests finish (rolling restarts)."""
-    base, secret = _admin(config, url, key)
-    typer.echo(json.dumps(_call("POST", f"{base}/admin/instances/{name}/drain", secret)))
+    _instance_action(name, "drain", config, url, key)
 
 
 @app.command()
@@ -285,8 +284,12 @@ def undrain(
     key: KeyOpt = None,
 ) -> None:
     """Let a drained instance take work again."""
+    _instance_action(name, "undrain", config, url, key)
+
+
+def _instance_action(name: str, action: str, config: Path | None, url: str | None, key: str | None) -> None:
     base, secret = _admin(config, url, key)
-    typer.echo(json.dumps(_call("POST", f"{base}/admin/instances/{name}/undrain", secret)))
+    typer.echo(json.dumps(_call("POST", f"{base}/admin/instances/{name}/{action}", secret)))
 
 
 @app.command()
