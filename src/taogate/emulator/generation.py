@@ -11,6 +11,7 @@ mid-body and the client sees a broken, not a clean, end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,14 +162,13 @@ class _Generation:
         except RuntimeError as err:  # shutting down
             await self.ex.error(ApiError(503, str(err)))
             return
-        try:
-            async with watch_disconnect(self.ex.receive, self._abort):
-                await (self._stream() if self.req.stream else self._full())
-        except OSError:
-            pass  # the client went away while we were writing: the finally below aborts the request
-        finally:
-            # Any way out (client gone, send failed, fault raised) frees the engine slot.
-            driver.abort(engine_id)
+        # Any way out (client gone mid-write: OSError; send failed; fault raised) frees the engine slot.
+        with contextlib.suppress(OSError):
+            try:
+                async with watch_disconnect(self.ex.receive, self._abort):
+                    await (self._stream() if self.req.stream else self._full())
+            finally:
+                driver.abort(engine_id)
 
     def _abort(self, reason: FinishReason = "abort") -> None:
         self.ex.inst.driver.abort(self.tracked.engine_id, reason)
