@@ -72,7 +72,6 @@ class Dispatcher:
         queue_size: int,
         queue_timeout: float,
         clock: Callable[[], float],
-        on_release: Callable[[Lease], None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.policy = policy
@@ -81,7 +80,6 @@ class Dispatcher:
         self._clock = clock
         self._waiters: deque[_Waiter] = deque()
         self._drain = DrainRate()
-        self._on_release_hook = on_release
 
     @property
     def queued(self) -> int:
@@ -186,8 +184,6 @@ class Dispatcher:
     # -- slots freeing up ------------------------------------------------------------------------
     def _released(self, lease: Lease) -> None:
         self._drain.tick(self._clock())
-        if self._on_release_hook is not None:
-            self._on_release_hook(lease)
         if self._waiters:
             self.pump()
 

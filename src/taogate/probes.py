@@ -77,6 +77,8 @@ class Probes:
             return
         try:
             addresses = await asyncio.wait_for(self._gw.resolver(cfg.dns, cfg.port), 10)
+            if self._gw.settings.discovery.dns != cfg.dns:
+                return  # a reload changed the name while we were resolving the old one
         except (OSError, TimeoutError) as exc:
             if self._dns_ok:
                 self._dns_ok = False
@@ -138,14 +140,17 @@ class Probes:
         ok = False
         detail = ""
         try:
-            r = await self._client.get(
-                inst.spec.url + "/health", timeout=timeout, headers=self._headers(inst)
-            )
-            ok = r.status_code == 200
-            detail = f"/health answered {r.status_code}"
-            if ok:
-                await self._learn_models(inst, limit=timeout)
-        except (httpx.HTTPError, OSError) as exc:
+            # A total bound per probe: the per-read timeouts alone let a trickling instance stall
+            # the whole round (rounds gather every instance's probe).
+            async with asyncio.timeout(2 * timeout):
+                r = await self._client.get(
+                    inst.spec.url + "/health", timeout=timeout, headers=self._headers(inst)
+                )
+                ok = r.status_code == 200
+                detail = f"/health answered {r.status_code}"
+                if ok:
+                    await self._learn_models(inst, limit=timeout)
+        except (httpx.HTTPError, OSError, TimeoutError) as exc:
             detail = f"/health failed: {type(exc).__name__}"
         transition = inst.health.record(ok, self._gw.clock())
         if transition is None:
@@ -187,9 +192,10 @@ class Probes:
         timeout = self._gw.settings.dispatch.health_timeout
         error = ""
         try:
-            r = await self._client.get(
-                inst.spec.url + "/metrics", timeout=timeout, headers=self._headers(inst)
-            )
+            async with asyncio.timeout(2 * timeout):
+                r = await self._client.get(
+                    inst.spec.url + "/metrics", timeout=timeout, headers=self._headers(inst)
+                )
             if r.status_code == 200:
                 inst.record_scrape(parse_vllm_metrics(r.text), self._gw.clock())
                 if not inst.scrape_ok:
@@ -197,7 +203,7 @@ class Probes:
                     log.info("instance %s: engine metrics are back", inst.name)
                 return
             error = f"/metrics answered {r.status_code}"
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx.HTTPError, OSError, TimeoutError) as exc:
             error = f"/metrics failed: {type(exc).__name__}"
         except ScrapeError as exc:
             error = f"/metrics unreadable: {exc}"

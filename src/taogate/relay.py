@@ -71,14 +71,14 @@ class UsageTap:
         self.usage: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
-        if not self._pending and _USAGE not in chunk:
-            return
-        data = self._pending + chunk
+        # Keep what follows the last event boundary (usually nothing: SSE writes end on one), so an
+        # event, or the word "usage" itself, split across chunks is still seen whole.
+        data = self._pending + chunk if self._pending else chunk
         end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data if len(data) < _MAX_PENDING else b""
+        rest = data[end + 2 :] if end >= 0 else data
+        self._pending = rest if len(rest) < _MAX_PENDING else b""
+        if end < 0 or _USAGE not in data:
             return
-        self._pending = data[end + 2 :] if len(data) - end < _MAX_PENDING else b""
         for event in data[:end].split(b"\n\n"):
             if _USAGE not in event:
                 continue
