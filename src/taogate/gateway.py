@@ -211,6 +211,8 @@ class Gateway:
         self.probes.reconfigure()
         self.dispatcher.pump()
         added, removed, changed = changes
+        for name in removed:
+            self.metrics.forget_instance(name)
         log.info("config reloaded: added %s, removed %s, changed %s", added, removed, changed)
         return changes
 
@@ -226,6 +228,8 @@ class Gateway:
             return [], []
         self.discovered = specs
         added, removed, _ = self.fleet.apply(self.settings, self._specs(self.settings))
+        for name in removed:  # pods come and go: their label sets must not pile up in /metrics
+            self.metrics.forget_instance(name)
         self.dispatcher.pump()
         return added, removed
 
@@ -489,7 +493,7 @@ class Gateway:
         if end.error is not None:
             ex.rec.error = end.error
             ex.rec.status = 502
-            self.metrics.stream_errors.labels(inst.name, end.error).inc()
+            self.metrics.child(self.metrics.stream_errors, inst.name, end.error).inc()
             self._instance_failed(inst)
         return end.error is None
 

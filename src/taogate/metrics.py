@@ -31,6 +31,7 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._metrics: dict[int, Counter | Histogram] = {}
         self.requests = Counter(
             "taogate_requests",
             "Requests answered, by route, model, instance, status class and tag.",
@@ -124,7 +125,18 @@ class GatewayMetrics:
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*labels)
+            self._metrics[id(metric)] = metric
         return found
+
+    def forget_instance(self, name: str) -> None:
+        """Drop every label set naming an instance that left the fleet (discovery churn would
+        otherwise grow /metrics without bound). Per-instance series go through ``child``."""
+        for key in list(self._children):
+            metric = self._metrics[key[0]]
+            names: tuple[str, ...] = metric._labelnames  # prometheus_client keeps them here
+            if "instance" in names and key[1][names.index("instance")] == name:
+                del self._children[key]
+                metric.remove(*key[1])
 
 
 class FleetCollector(Collector):

@@ -129,10 +129,10 @@ class Probes:
                 name,
                 fleet.speeds.relative(name),
             )
-            self._gw.metrics.health_transitions.labels(name, "slow", "slow").inc()
+            self._gw.metrics.child(self._gw.metrics.health_transitions, name, "slow", "slow").inc()
         for name in sorted(cleared):
             log.info("instance %s is no longer slow (%.2fx the median)", name, fleet.speeds.relative(name))
-            self._gw.metrics.health_transitions.labels(name, "slow", "ok").inc()
+            self._gw.metrics.child(self._gw.metrics.health_transitions, name, "slow", "ok").inc()
 
     async def probe(self, inst: Instance) -> None:
         """GET /health, then /v1/models to learn (and refresh) what the instance serves."""
@@ -156,7 +156,7 @@ class Probes:
         if transition is None:
             return
         to = transition.to.value
-        self._gw.metrics.health_transitions.labels(inst.name, "health", to).inc()
+        self._gw.metrics.child(self._gw.metrics.health_transitions, inst.name, "health", to).inc()
         if transition.to is HealthState.UP:
             log.info(
                 "instance %s is up (%s); serving %s", inst.name, inst.spec.url, sorted(inst.models) or "?"
@@ -215,7 +215,7 @@ class Probes:
 
     def breaker_changed(self, inst: Instance, transition: BreakerTransition) -> None:
         to = transition.to.value
-        self._gw.metrics.health_transitions.labels(inst.name, "breaker", to).inc()
+        self._gw.metrics.child(self._gw.metrics.health_transitions, inst.name, "breaker", to).inc()
         if to == "open":
             log.warning(
                 "instance %s ejected for %.0fs after repeated request failures",

@@ -106,3 +106,36 @@ def test_dns_setting_is_a_bare_host_name() -> None:
 
     with pytest.raises(ConfigError, match="bare host name"):
         load_settings(overrides={"discovery": {"dns": "http://vllm:8000"}})
+
+
+async def test_instances_that_leave_take_their_metric_series_with_them() -> None:
+    answer = ["127.0.0.1", "127.0.0.2"]
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return list(answer)
+
+    async with emulators_on_one_port() as port:
+        settings = Settings(
+            discovery={"dns": "vllm.test", "port": port, "interval": 0.1},
+            dispatch={"health_check_interval": 0.2},
+        )
+        app = create_app(settings, environ=ENV, resolver=resolver)
+        async with serve_asgi(app) as served, httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+            for i in range(8):
+                body = {"model": "emulated-model", "prompt": f"q {i}", "max_tokens": 2}
+                assert (await h.post(served.url + "/v1/completions", json=body)).status_code == 200
+            gone = f"127.0.0.1:{port}"
+
+            def request_series(text: str, name: str) -> list[str]:
+                return [ln for ln in text.splitlines() if ln.startswith("taogate_request") and name in ln]
+
+            before = (await h.get(served.url + "/metrics")).text
+            assert request_series(before, gone)  # 8 requests over 2 idle instances: both served some
+            answer[:] = ["127.0.0.2"]
+            for _ in range(40):
+                if gone not in [i.name for i in app.gateway.fleet]:
+                    break
+                await asyncio.sleep(0.05)
+            text = (await h.get(served.url + "/metrics")).text
+            assert f'instance="{gone}"' not in text
+            assert request_series(text, f"127.0.0.2:{port}")
