@@ -138,6 +138,7 @@ async def _serve(settings: Settings, source: Any) -> None:
             port=g.port,
             log_level=g.log_level,
             access_log=False,  # taogate writes its own structured line per request
+            proxy_headers=False,  # nothing here reads the client address (X-Forwarded-For)
             server_header=False,
             timeout_graceful_shutdown=max(1, math.ceil(g.shutdown_timeout)),  # None would mean forever
             loop="auto",
