@@ -37,7 +37,15 @@ from taogate.dispatcher import Dispatcher
 from taogate.errors import GatewayError, NoInstance
 from taogate.fleet import Fleet, specs_from_settings
 from taogate.instances import Instance, InstanceSpec, Lease
-from taogate.intake import ClientGone, Route, model_of, parse_json_object, read_body, request_facts
+from taogate.intake import (
+    ClientGone,
+    Route,
+    model_of,
+    parse_json_object,
+    read_body,
+    request_facts,
+    request_id,
+)
 from taogate.metrics import FleetCollector, GatewayMetrics
 from taogate.probes import Probes
 from taogate.relay import usage_of_body
@@ -74,16 +82,6 @@ class Exchange:
     rec: RequestRecord
     started: bool = False  # a response has begun downstream: no more retries, no error JSON
     finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
-
-
-def _new_request_id() -> bytes:
-    return os.urandom(12).hex().encode()
-
-
-def _clean_request_id(raw: bytes | None) -> bytes:
-    if raw and len(raw) <= 128 and raw.isascii() and raw.replace(b"-", b"").replace(b"_", b"").isalnum():
-        return raw
-    return _new_request_id()
 
 
 class Gateway:
@@ -189,12 +187,7 @@ class Gateway:
         restart_only = old.restart_only_changes(settings)
         if restart_only:
             log.warning("reload: %s take effect only after a restart", ", ".join(restart_only))
-        d_old, d_new = old.dispatch, settings.dispatch
-        policy_changed = (d_old.strategy, d_old.prefix_affinity, d_old.affinity_slack) != (
-            d_new.strategy,
-            d_new.prefix_affinity,
-            d_new.affinity_slack,
-        )
+        policy_changed = old.dispatch.policy_key != settings.dispatch.policy_key
         self.keys = keys
         self.settings = settings
         changes = self.fleet.apply(settings, self._specs(settings))
@@ -244,7 +237,7 @@ class Gateway:
     async def handle(self, route: Route, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """Serve one proxied request end to end; every exit path is accounted and logged once."""
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        rid = _clean_request_id(header(headers, b"x-request-id"))
+        rid = request_id(header(headers, b"x-request-id"))
         client_tag = header(headers, b"x-request-tag")
         rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
         ex: Exchange | None = None
@@ -284,6 +277,15 @@ class Gateway:
                 rec.reject = exc.code
             if ex is None or not ex.started:
                 await self._send_error(send, exc, rid)
+        except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
+            log.exception("request %s failed inside the gateway", rid.decode())
+            rec.status = 500
+            rec.error = "internal_error"
+            if ex is None or not ex.started:
+                error = GatewayError(
+                    f"Internal gateway error (request id {rid.decode()}); see the gateway log."
+                )
+                await self._send_error(send, error, rid)
         finally:
             self._active -= 1
             if not self._active:
@@ -429,15 +431,6 @@ class Gateway:
         finally:
             response.close()
 
-    @staticmethod
-    def _response_headers(
-        response: UpstreamResponse, ex: Exchange, inst: Instance
-    ) -> list[tuple[bytes, bytes]]:
-        out = downstream_headers(response.raw_headers, keep_length=False)
-        out.append((b"x-request-id", ex.rid))
-        out.append((b"x-taogate-instance", inst.name.encode()))
-        return out
-
     async def _relay_whole(
         self,
         ex: Exchange,
@@ -455,7 +448,7 @@ class Gateway:
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         lease.first_token()
         ex.rec.ttfb = self.clock() - sent_at
-        headers = self._response_headers(response, ex, inst)
+        headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
         headers.append((b"content-length", str(len(data)).encode()))
         ex.started = True
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
@@ -471,7 +464,7 @@ class Gateway:
         502-class failure it is. Returns whether the stream completed."""
         inst = lease.instance
         ex.started = True
-        headers = self._response_headers(response, ex, inst)
+        headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
 
         def first_chunk() -> None:

@@ -6,6 +6,7 @@ text for the size estimate and the prefix key), never re-serialised.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -76,6 +77,13 @@ def _too_large(limit: int) -> BodyTooLarge:
 
 class ClientGone(Exception):
     """The client disconnected; nothing more can be sent to it."""
+
+
+def request_id(raw: bytes | None) -> bytes:
+    """The client's X-Request-Id when it is a sane token (it goes upstream and into logs), else a new one."""
+    if raw and len(raw) <= 128 and raw.isascii() and raw.replace(b"-", b"").replace(b"_", b"").isalnum():
+        return raw
+    return os.urandom(12).hex().encode()
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

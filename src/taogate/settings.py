@@ -136,6 +136,11 @@ class DispatchSettings(_Section):
     breaker_cooldown: float = Field(default=15.0, gt=0, description="Seconds an ejected instance rests.")
     retry: RetrySettings = Field(default_factory=RetrySettings)
 
+    @property
+    def policy_key(self) -> tuple[object, ...]:
+        """What the dispatch policy is built from: a reload rebuilds it only when this changes."""
+        return (self.strategy, self.prefix_affinity, self.affinity_slack)
+
     @field_validator("strategy", mode="before")
     @classmethod
     def _strategy(cls, v: object) -> object:

@@ -50,7 +50,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 _DROP_UP = HOP_BY_HOP | CREDENTIAL_HEADERS | {b"x-request-tag", b"x-request-id", b"accept-encoding"}
-_DROP_DOWN = frozenset({*HOP_BY_HOP - {b"content-length"}, b"server", b"date", b"x-request-id"})
+_DROP_DOWN = HOP_BY_HOP | {b"server", b"date", b"x-request-id"}
 
 
 @dataclass
@@ -206,12 +206,11 @@ def upstream_headers(
 
 
 def downstream_headers(
-    raw: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]], *, keep_length: bool
+    raw: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]], *, request_id: bytes, instance: str
 ) -> list[tuple[bytes, bytes]]:
-    out = []
-    for k, v in raw:
-        lk = k.lower()
-        if lk in _DROP_DOWN or (lk == b"content-length" and not keep_length):
-            continue
-        out.append((lk, v))
+    """The instance's response headers minus hop-by-hop and framing (the relay recomputes length),
+    plus the request id and which instance served it."""
+    out = [(lk, v) for k, v in raw if (lk := k.lower()) not in _DROP_DOWN]
+    out.append((b"x-request-id", request_id))
+    out.append((b"x-taogate-instance", instance.encode()))
     return out

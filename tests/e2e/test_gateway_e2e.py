@@ -187,3 +187,16 @@ async def test_health_ready_and_metrics(gw: Running) -> None:
         text = (await h.get(gw.url + "/api/metrics")).text
         assert 'taogate_instance_up{instance="i0"} 1.0' in text
         assert "taogate_queue_length 0.0" in text
+
+
+async def test_a_bug_inside_the_gateway_is_an_openai_shaped_500_and_holds_nothing(gw: Running) -> None:
+    def broken(*_: object) -> int:
+        raise RuntimeError("boom")
+
+    gw.gateway.tokens.estimate = broken  # type: ignore[method-assign]
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=10) as h:
+        r = await h.post(gw.api + "/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["type"] == "internal_error" and r.headers["x-request-id"] in err["message"]
+    assert all(i.inflight == 0 for i in gw.gateway.fleet)
