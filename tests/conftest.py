@@ -45,8 +45,14 @@ class Running:
 def gateway_settings(urls: list[str], **sections: dict[str, Any]) -> Settings:
     """Settings for tests: fast probes and scrapes, the given instances; sections override."""
     data: dict[str, Any] = {
-        "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30},
-        "dispatch": {"health_check_interval": 0.5, "scrape_interval": 0.2, "health_timeout": 1.0},
+        "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30, "shutdown_timeout": 5},
+        # No warm-up probes by default: tests count the requests each emulator saw.
+        "dispatch": {
+            "health_check_interval": 0.5,
+            "scrape_interval": 0.2,
+            "health_timeout": 1.0,
+            "warmup_tokens": 0,
+        },
         "instances": [{"url": u, "name": f"i{n}"} for n, u in enumerate(urls)],
     }
     for name, values in sections.items():

@@ -17,6 +17,7 @@ import orjson
 from taogate.breaker import BreakerTransition
 from taogate.health import HealthState
 from taogate.scrape import ScrapeError, parse_vllm_metrics
+from taogate.warmup import WarmupTarget, warm_up
 
 if TYPE_CHECKING:
     from taogate.gateway import Gateway
@@ -161,9 +162,26 @@ class Probes:
             log.info(
                 "instance %s is up (%s); serving %s", inst.name, inst.spec.url, sorted(inst.models) or "?"
             )
+            await self._warm_up(inst)
             self._gw.dispatcher.pump()
         else:
             log.warning("instance %s is %s: %s", inst.name, to, detail)
+
+    async def _warm_up(self, inst: Instance) -> None:
+        tokens = self._gw.settings.dispatch.warmup_tokens
+        if tokens <= 0 or not inst.models:
+            return
+        headers = {**self._headers(inst), "x-request-tag": "taogate-warmup"}  # grep-able upstream
+        target = WarmupTarget(inst.name, inst.spec.url, min(inst.models), headers)
+        speed = await warm_up(
+            self._client,
+            self._gw.speeds,
+            target,
+            tokens=tokens,
+            limit=self._gw.settings.gateway.request_timeout,
+        )
+        if speed is not None:
+            log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, speed)
 
     async def _learn_models(self, inst: Instance, *, limit: float) -> None:
         try:

@@ -132,6 +132,9 @@ class DispatchSettings(_Section):
         ge=0,
         description="Follow affinity while the preferred load is within this many seconds of the least.",
     )
+    warmup_tokens: int = Field(
+        default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."
+    )
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive request failures to eject.")
     breaker_cooldown: float = Field(default=15.0, gt=0, description="Seconds an ejected instance rests.")
     retry: RetrySettings = Field(default_factory=RetrySettings)

@@ -52,7 +52,12 @@ def settings_for(
         instances.append(item)
     data: dict[str, Any] = {
         "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30},
-        "dispatch": {"health_check_interval": 0.5, "scrape_interval": 0.2, "health_timeout": 1.0},
+        "dispatch": {  # no warm-up probes: these tests count what each emulator served
+            "health_check_interval": 0.5,
+            "scrape_interval": 0.2,
+            "health_timeout": 1.0,
+            "warmup_tokens": 0,
+        },
         "instances": instances,
     }
     for name, values in sections.items():

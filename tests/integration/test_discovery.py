@@ -50,8 +50,9 @@ async def test_instances_join_and_leave_without_dropped_requests(caplog: pytest.
 
     async with emulators_on_one_port() as port:
         settings = Settings(
+            gateway={"shutdown_timeout": 2},
             discovery={"dns": "vllm-headless.test", "port": port, "interval": 0.1},
-            dispatch={"health_check_interval": 0.2, "scrape_interval": 0.2},
+            dispatch={"health_check_interval": 0.2, "scrape_interval": 0.2, "warmup_tokens": 0},
         )
         app = create_app(settings, environ=ENV, resolver=resolver)
         async with serve_asgi(app) as served:
@@ -93,7 +94,11 @@ async def test_a_failing_lookup_keeps_the_instances_found_before() -> None:
             raise OSError("temporary failure in name resolution")
         return ["127.0.0.1"]
 
-    settings = Settings(discovery={"dns": "vllm.test", "port": 9, "interval": 0.05})
+    settings = Settings(
+        gateway={"shutdown_timeout": 2},
+        discovery={"dns": "vllm.test", "port": 9, "interval": 0.05},
+        dispatch={"warmup_tokens": 0},
+    )
     app = create_app(settings, environ=ENV, resolver=flaky)
     async with serve_asgi(app):
         await asyncio.sleep(0.3)
@@ -114,10 +119,11 @@ async def test_instances_that_leave_take_their_metric_series_with_them() -> None
     async def resolver(host: str, port: int) -> list[str]:
         return list(answer)
 
-    async with emulators_on_one_port() as port:
+    async with asyncio.timeout(60), emulators_on_one_port() as port:  # fail with a trace, not a hang
         settings = Settings(
+            gateway={"shutdown_timeout": 2},
             discovery={"dns": "vllm.test", "port": port, "interval": 0.1},
-            dispatch={"health_check_interval": 0.2},
+            dispatch={"health_check_interval": 0.2, "warmup_tokens": 0},
         )
         app = create_app(settings, environ=ENV, resolver=resolver)
         async with serve_asgi(app) as served, httpx.AsyncClient(headers=AUTH, timeout=30) as h:
