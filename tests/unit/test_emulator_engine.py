@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.engine import Engine, EngineConfig, EngineRequest, SeqOutput
 
 
@@ -61,7 +62,7 @@ def req(rid: str, n: int, max_tokens: int = 16, base: int = 0) -> EngineRequest:
     return EngineRequest(rid, [base * 100_000 + i for i in range(n)], max_tokens)
 
 
-DEFAULT = EngineConfig()
+DEFAULT = EngineConfig.from_emulator(EmulatorConfig())
 
 
 def test_defaults_give_article_shapes() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.engine import Engine, EngineConfig, EngineRequest
 
 _request = st.tuples(
@@ -31,7 +34,8 @@ def test_every_request_ends_and_limits_hold(
     num_kv_blocks: int,
     caching: bool,
 ) -> None:
-    config = EngineConfig(
+    config = replace(
+        EngineConfig.from_emulator(EmulatorConfig()),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs),
         num_kv_blocks=num_kv_blocks,

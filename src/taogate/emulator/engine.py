@@ -57,17 +57,18 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """The scheduler and cost-model knobs (a projection of ``EmulatorConfig``)."""
+    """The scheduler and cost-model knobs: a projection of ``EmulatorConfig``, which holds the
+    defaults (build it with ``from_emulator``)."""
 
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2_048
-    prefill_tokens_per_s: float = 20_000.0
-    decode_tokens_per_s: float = 3_200.0
-    step_overhead: float = 0.012
-    slowdown: float = 1.0
-    block_size: int = 16
-    num_kv_blocks: int = 16_384
-    enable_prefix_caching: bool = False
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    step_overhead: float
+    slowdown: float
+    block_size: int
+    num_kv_blocks: int
+    enable_prefix_caching: bool
 
     @classmethod
     def from_emulator(cls, config: EmulatorConfig) -> EngineConfig:
