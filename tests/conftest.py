@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +26,11 @@ os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 
 
 @dataclass
-class Running:
-    """A gateway in front of an emulated fleet."""
+class Gate:
+    """One running gateway: its URL and its in-process app."""
 
     url: str  # http://127.0.0.1:PORT
     app: TaogateApp
-    fleet: Fleet
 
     @property
     def api(self) -> str:
@@ -42,8 +41,28 @@ class Running:
         return self.app.gateway
 
 
-def gateway_settings(urls: list[str], **sections: dict[str, Any]) -> Settings:
-    """Settings for tests: fast probes and scrapes, the given instances; sections override."""
+@dataclass
+class Running(Gate):
+    """A gateway in front of an emulated fleet."""
+
+    fleet: Fleet
+
+
+def gateway_settings(
+    urls: Sequence[str],
+    *,
+    roles: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+    **sections: dict[str, Any],
+) -> Settings:
+    """Settings for tests: fast probes and scrapes, the given instances (named i0, i1, ... unless
+    ``names``; with ``roles``, long/short/any each); sections override."""
+    instances: list[dict[str, Any]] = []
+    for n, url in enumerate(urls):
+        item: dict[str, Any] = {"url": url, "name": names[n] if names else f"i{n}"}
+        if roles is not None:
+            item["role"] = roles[n]
+        instances.append(item)
     data: dict[str, Any] = {
         "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30, "shutdown_timeout": 5},
         # No warm-up probes by default: tests count the requests each emulator saw.
@@ -53,7 +72,7 @@ def gateway_settings(urls: list[str], **sections: dict[str, Any]) -> Settings:
             "health_timeout": 1.0,
             "warmup_tokens": 0,
         },
-        "instances": [{"url": u, "name": f"i{n}"} for n, u in enumerate(urls)],
+        "instances": instances,
     }
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)

@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 
-from taogate.app import TaogateApp, create_app
+from taogate.app import create_app
 from taogate.emulator.fleet import Fleet
 from taogate.serving import serve_asgi
 from taogate.settings import Settings
-from tests.conftest import ENV, KEY
+from tests.conftest import ENV, KEY, Gate, gateway_settings
 
 MODEL = "emulated-model"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -36,49 +36,7 @@ def words(n_tokens: int, seed: int) -> str:
     return " ".join("".join(rng.choice(_LETTERS) for _ in range(3)) for _ in range(n_tokens))
 
 
-def settings_for(
-    urls: Sequence[str],
-    *,
-    roles: Sequence[str] | None = None,
-    names: Sequence[str] | None = None,
-    **sections: dict[str, Any],
-) -> Settings:
-    """Like ``tests.conftest.gateway_settings`` but instance roles (and names) can be given."""
-    instances: list[dict[str, Any]] = []
-    for n, url in enumerate(urls):
-        item: dict[str, Any] = {"url": url, "name": names[n] if names else f"i{n}"}
-        if roles is not None:
-            item["role"] = roles[n]
-        instances.append(item)
-    data: dict[str, Any] = {
-        "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30},
-        "dispatch": {  # no warm-up probes: these tests count what each emulator served
-            "health_check_interval": 0.5,
-            "scrape_interval": 0.2,
-            "health_timeout": 1.0,
-            "warmup_tokens": 0,
-        },
-        "instances": instances,
-    }
-    for name, values in sections.items():
-        data.setdefault(name, {}).update(values)
-    return Settings(**data)
-
-
-@dataclass
-class Gate:
-    """One running gateway (its URL and its in-process app)."""
-
-    url: str
-    app: TaogateApp
-
-    @property
-    def api(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def gateway(self) -> Any:
-        return self.app.gateway
+settings_for = gateway_settings  # instance roles and names can be given
 
 
 @asynccontextmanager
