@@ -15,7 +15,7 @@ import httpx
 import orjson
 
 from taogate.breaker import BreakerTransition
-from taogate.health import HealthState
+from taogate.health import HealthState, probe_result
 from taogate.scrape import ScrapeError, parse_vllm_metrics
 from taogate.warmup import WarmupTarget, warm_up
 
@@ -147,7 +147,7 @@ class Probes:
                 r = await self._client.get(
                     inst.spec.url + "/health", timeout=timeout, headers=self._headers(inst)
                 )
-                ok = r.status_code == 200
+                ok = probe_result(r.status_code)
                 detail = f"/health answered {r.status_code}"
                 if ok:
                     await self._learn_models(inst, limit=timeout)
