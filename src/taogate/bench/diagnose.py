@@ -135,7 +135,8 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
             + ", ".join(f"{k} {v:.2f}" for k, v in ev.relative_speed.items())
         )
     slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow)
-    if slowest is not None and gain >= drop:
+    dispatch_fixed_it = gain >= drop
+    if slowest is not None and dispatch_fixed_it:
         # Both signs at once. If dispatch already routes around the slow card (it got well under its
         # fair share in run A), what remains is the card itself; if it got its full share, the queue
         # piled on it is the problem to fix first.
@@ -146,8 +147,8 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
                 f"lowering the cap also helped ({gain:.1f}x), but dispatch already gives "
                 f"{slowest[0]} only {share.share:.0%} of the requests (fair share {fair:.0%})"
             )
-            gain = 0.0  # judge the instance, below
-    if gain >= drop:
+            dispatch_fixed_it = False
+    if dispatch_fixed_it:
         if slowest is not None:
             lines.append(
                 f"also: {slowest[0]} prefills at {slowest[1]:.2f}x the median speed; least_busy routes "
