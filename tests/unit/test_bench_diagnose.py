@@ -77,3 +77,9 @@ def test_a_slow_instance_dispatch_already_routes_around_is_the_verdict() -> None
     v = decide(Evidence(run(around), run(SPREAD), 32, 8, slow_i3))
     assert v.kind == "slow" and v.instance == "i3"
     assert any("dispatch already gives i3 only 8%" in line for line in v.evidence)
+
+
+def test_a_slow_instance_that_served_nothing_is_routed_around_too() -> None:
+    around = {f"i{n}": [1.0, 1.1, 1.0, 8.0] for n in range(3)}  # i3 absent: it served no request
+    v = decide(Evidence(run(around), run(SPREAD), 32, 8, {**FAST, "i3": 4000.0}))
+    assert v.kind == "slow" and v.instance == "i3"

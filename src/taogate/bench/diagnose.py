@@ -140,12 +140,13 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
         # Both signs at once. If dispatch already routes around the slow card (it got well under its
         # fair share in run A), what remains is the card itself; if it got its full share, the queue
         # piled on it is the problem to fix first.
-        share = a.per_instance.get(slowest[0])
+        served = a.per_instance.get(slowest[0])
+        share = served.share if served is not None else 0.0  # absent: it served nothing at all
         fair = 1 / max(1, len(ev.probe_speeds or ev.relative_speed))
-        if share is not None and share.share < 0.75 * fair:
+        if share < 0.75 * fair:
             lines.append(
                 f"lowering the cap also helped ({gain:.1f}x), but dispatch already gives "
-                f"{slowest[0]} only {share.share:.0%} of the requests (fair share {fair:.0%})"
+                f"{slowest[0]} only {share:.0%} of the requests (fair share {fair:.0%})"
             )
             dispatch_fixed_it = False
     if dispatch_fixed_it:
