@@ -405,7 +405,7 @@ class Gateway:
             headers = [*headers, (b"authorization", b"Bearer " + inst.spec.api_key.encode())]
         sent_at = self.clock()
         try:
-            response = await upstream.send(inst.spec.url + ex.route.path, headers, ex.body)
+            response = await upstream.send(inst.spec.url, ex.route.upstream_path, headers, ex.body)
         except UPSTREAM_ERRORS as exc:
             self._judge(ex, inst, *translate(exc), may_retry=may_retry)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc

@@ -31,6 +31,10 @@ class Route:
     model_required: bool = True
     generates: bool = True  # produces tokens (TTFT and speed samples make sense)
 
+    @property
+    def upstream_path(self) -> bytes:
+        return self.path.encode()
+
 
 ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", "chat"),

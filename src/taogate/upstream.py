@@ -1,34 +1,30 @@
-"""The one upstream connection pool, and what crosses the hop in each direction.
+"""The upstream connection pools, and what crosses the hop in each direction.
 
-One ``aiohttp.ClientSession`` holds the proxied requests' connections to the instances; the proxy
-path uses it directly through ``Upstream.send``. Probes, scrapes and admin calls use httpx's API over
-a small session of their own (``httpx_aiohttp.AiohttpTransport(client=...)``), so they never queue
-behind proxied requests. Measured on this machine
-(benchmarks/overhead.py; see the gateway issue's note), per proxied request: httpx's default
-transport ~1,900 µs of gateway CPU, httpx over the aiohttp transport ~1,650 µs, of which httpx's
-client layer (cookie extraction, URL parsing, auth and redirect hooks) is ~300 µs that a proxy does
-not need; calling aiohttp directly removes it.
+Proxied requests go over ``h1.Pool`` (HTTP/1.1 on asyncio protocols; its docstring has the
+measurement that put it there instead of a client library). Probes, scrapes and admin calls use
+httpx's API over a small aiohttp session of their own (``httpx_aiohttp.AiohttpTransport``), so they
+never queue behind proxied requests for a connection.
 
 Transport failures are translated here, once, into a ``FailureKind`` (see retry.classify)::
 
-    aiohttp.ClientConnectorError            → connect        (refused, reset, DNS: nothing was sent)
-    aiohttp.ConnectionTimeoutError          → connect_timeout
-    aiohttp.ServerDisconnectedError,
-    ClientPayloadError, ClientOSError       → closed         (died before a complete answer)
-    aiohttp.SocketTimeoutError, TimeoutError → read_timeout  (no byte within request_timeout)
+    h1.ConnectError, aiohttp.ClientConnectorError      → connect        (nothing was sent)
+    h1.ConnectTimeout, aiohttp.ConnectionTimeoutError  → connect_timeout
+    h1.Disconnected, aiohttp.ServerDisconnectedError,
+      ClientPayloadError, ClientOSError                → closed         (died before a complete answer)
+    h1.ReadTimeout, aiohttp.SocketTimeoutError,
+      TimeoutError                                     → read_timeout   (no byte within request_timeout)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
-from multidict import CIMultiDict
 
+from taogate import h1
 from taogate.auth import CREDENTIAL_HEADERS
 from taogate.errors import GatewayError, UpstreamError, UpstreamTimeout
 from taogate.retry import FailureKind
@@ -70,51 +66,25 @@ class AttemptFailure(Exception):
         return UpstreamError(f"Instance {self.instance} failed: {self.detail}.")
 
 
-class UpstreamResponse:
-    """The parts of an aiohttp response the relay uses; closing an unfinished one drops the
-    connection (so vLLM sees the disconnect and aborts the request) instead of reusing it."""
-
-    __slots__ = ("_resp", "raw_headers", "status_code")
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
-        self.status_code = resp.status
-        self.raw_headers: tuple[tuple[bytes, bytes], ...] = resp.raw_headers
-
-    def header(self, name: str) -> str:
-        return self._resp.headers.get(name, "")
-
-    async def aread(self) -> bytes:
-        return await self._resp.read()
-
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        return self._resp.content.iter_any()
-
-    def close(self) -> None:
-        if self._resp.content.at_eof():
-            self._resp.release()
-        else:
-            self._resp.close()
+#: What the relay reads: status, headers, then the body as it arrives (see h1.Response).
+UpstreamResponse = h1.Response
 
 
 class Upstream:
-    """Owns the pooled session; ``send`` is one attempt's request."""
+    """Owns the pools; ``send`` is one attempt's request."""
 
     def __init__(self, cfg: GatewaySettings) -> None:
         # vLLM's server (uvicorn) closes a connection idle for 5 s; reusing one it is closing right
         # then fails the request, so ours give up idle connections well before (a busy loop sees the
         # end of a response late, so "idle since" is late too).
-        connector = aiohttp.TCPConnector(
-            limit=cfg.max_connections, limit_per_host=0, keepalive_timeout=2.5, ttl_dns_cache=10
+        self.pool = h1.Pool(
+            cfg.max_connections,
+            connect_timeout=cfg.connect_timeout,
+            read_timeout=cfg.request_timeout,
+            pool_timeout=cfg.request_timeout,
+            keepalive=2.5,
         )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies
-            auto_decompress=False,  # bytes are relayed verbatim
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            trust_env=False,
-        )
-        self.timeout = aiohttp_timeout(cfg)
+        self._origins: dict[str, h1.Origin] = {}
         # httpx's API for probes, scrapes and admin calls, over a small pool of their own: a probe
         # must never wait behind proxied requests for a connection (a saturated pool would make
         # healthy instances fail their probes).
@@ -131,31 +101,24 @@ class Upstream:
 
     def configure(self, cfg: GatewaySettings) -> None:
         """Timeouts follow a reload; the pool size is fixed for the process's life."""
-        self.timeout = aiohttp_timeout(cfg)
+        self.pool.connect_timeout = cfg.connect_timeout
+        self.pool.read_timeout = cfg.request_timeout
+        self.pool.pool_timeout = cfg.request_timeout
         self.client.timeout = request_timeouts(cfg)
 
-    async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
-        hdrs = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
-        resp = await self.session.post(
-            url, data=body, headers=hdrs, timeout=self.timeout, allow_redirects=False
-        )
-        return UpstreamResponse(resp)
+    async def send(
+        self, base_url: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamResponse:
+        """POST ``body`` to the instance at ``base_url``; returns once status and headers are in."""
+        origin = self._origins.get(base_url)
+        if origin is None:
+            origin = self._origins[base_url] = h1.Origin.parse(base_url)
+        return await self.pool.request(origin, path, headers, body)
 
     async def aclose(self) -> None:
         await self.client.aclose()
         await self._probe_session.close()
-        await self.session.close()
-
-
-def aiohttp_timeout(cfg: GatewaySettings) -> aiohttp.ClientTimeout:
-    # sock_read: the longest silence from the instance (a long prefill, maybe queued, before the
-    # first byte); connect: the wait for a pooled connection plus connecting.
-    return aiohttp.ClientTimeout(
-        total=None,
-        connect=cfg.request_timeout,
-        sock_connect=cfg.connect_timeout,
-        sock_read=cfg.request_timeout,
-    )
+        await self.pool.aclose()
 
 
 def request_timeouts(cfg: GatewaySettings) -> httpx.Timeout:
@@ -171,6 +134,14 @@ def translate(exc: BaseException) -> tuple[FailureKind, str]:
     """An aiohttp (or httpx-over-aiohttp) exception → how the attempt failed, and a short description."""
     cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ is not None else exc
     name = type(cause).__name__
+    if isinstance(cause, h1.ConnectError):
+        return FailureKind.CONNECT, str(cause)
+    if isinstance(cause, h1.ConnectTimeout):
+        return FailureKind.CONNECT_TIMEOUT, str(cause)
+    if isinstance(cause, h1.Disconnected):
+        return FailureKind.CLOSED, str(cause)
+    if isinstance(cause, h1.ReadTimeout):
+        return FailureKind.READ_TIMEOUT, str(cause)
     if isinstance(cause, aiohttp.ClientConnectorError):
         return FailureKind.CONNECT, f"cannot connect ({cause})"
     if isinstance(cause, aiohttp.ConnectionTimeoutError):
@@ -185,7 +156,7 @@ def translate(exc: BaseException) -> tuple[FailureKind, str]:
 
 
 #: What ``Upstream.send`` and a relay may raise for a failed hop (translated by ``translate``).
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+UPSTREAM_ERRORS = (h1.H1Error, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 def upstream_headers(

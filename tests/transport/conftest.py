@@ -1,0 +1,16 @@
+"""Transport tests run on asyncio's own loop and on uvloop (what ``taogate serve`` runs on): their
+transports differ in type and in when they report a lost connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import pytest
+import uvloop
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
