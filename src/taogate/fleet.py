@@ -130,9 +130,7 @@ class Fleet:
         out = []
         for inst in self._instances.values():
             name = inst.name
-            base = speeds.base_latency(name)
-            tpot = speeds.decode_seconds_per_token(name)
-            speed = speeds.speed(name)
+            speed, base, tpot = speeds.params(name)
             if inst.pending:
                 speed = min(speed, speed_bound(inst.waiting(now, tpot), base))
             out.append(

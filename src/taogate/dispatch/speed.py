@@ -116,6 +116,10 @@ class SpeedEstimator:
         self._states: dict[str, _State] = {}
         self._speeds: dict[str, float] = {}
         self._base = nominal
+        # What dispatch reads per instance, (speed, base latency, seconds per output token), rebuilt
+        # lazily: samples only mark it stale, so a burst of them costs one rebuild, not one each.
+        self._params: dict[str, tuple[float, float, float]] = {}
+        self._stale = False
         for name, weight in (weights or {}).items():
             self.seed(name, weight)
 
@@ -125,15 +129,20 @@ class SpeedEstimator:
         """Register an instance with its configured weight; a known one keeps what it has learned."""
         weight = max(weight, 1e-6)
         state = self._states.get(name)
+        self._fresh()
         if state is None:
             self._states[name] = _State(math.log(weight * self._base), weight, self._tpot, self._base_prior)
         else:
             state.weight = weight
-        self._refresh()
+        self._stale = True
 
     def forget(self, name: str) -> None:
         self._states.pop(name, None)
-        self._refresh()
+        self._stale = True
+
+    def _fresh(self) -> None:
+        if self._stale:
+            self._refresh()
 
     def _state(self, name: str) -> _State:
         state = self._states.get(name)
@@ -178,11 +187,23 @@ class SpeedEstimator:
                 factor = min(1.0, max(0.25, statistics.median(others) / own))
                 speeds[name] *= factor ** (1.0 - st.evidence)
         self._speeds = speeds
+        base_median = self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
+        tpot_median = self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
+        self._params = {
+            name: (
+                speeds[name],
+                st.base if st.base_n > 0 else base_median,
+                st.tpot if st.tpot_n > 0 else tpot_median,
+            )
+            for name, st in self._states.items()
+        }
+        self._stale = False
 
     # --- samples -------------------------------------------------------------------------------------
 
     def _learn(self, state: _State, sample: float, work: float, trust: float) -> float:
         if state.evidence <= 0:  # start from the fleet's scale, not from a seed that may be stale
+            self._fresh()
             state.log_speed = math.log(state.weight * self._base)
         log_sample = math.log(sample)
         if state.evidence >= 3.0:  # warm: one stalled or lucky request moves the estimate only so far
@@ -194,7 +215,7 @@ class SpeedEstimator:
         state.log_speed += alpha * (log_sample - state.log_speed)
         state.n += 1
         state.evidence += weight
-        self._refresh()
+        self._stale = True
         return math.exp(log_sample)
 
     def _work(self, state: _State, ahead: float, uncached: float, prompt: float | None) -> float:
@@ -229,7 +250,7 @@ class SpeedEstimator:
         if work < self._small:
             state.base_n += 1
             state.base += max(0.2, 1.0 / state.base_n) * (seconds - state.base)
-            self._refresh()
+            self._stale = True
             return None
         prefill = max(seconds - state.base, 0.25 * seconds)
         return self._learn(state, work / prefill, work, trust)
@@ -281,6 +302,7 @@ class SpeedEstimator:
                 pace = (duration - ttft) / (completion_tokens - 1)
                 state.tpot += 0.2 * (pace - state.tpot)
                 state.tpot_n += 1
+                self._stale = True
             return None
         if not math.isfinite(ahead_tokens + uncached_tokens):
             return None
@@ -328,6 +350,7 @@ class SpeedEstimator:
 
     def speed(self, name: str) -> float:
         """The speed dispatch should use (an unknown name gets the fleet's median)."""
+        self._fresh()
         found = self._speeds.get(name)
         return self._base if found is None else found
 
@@ -351,30 +374,43 @@ class SpeedEstimator:
         Until the instance has answered a small request itself, the median of the instances that
         have: an instance that never answers (hung, just added) must not look the quickest.
         """
-        state = self._states.get(name)
-        if state is not None and state.base_n > 0:
-            return state.base
+        self._fresh()
+        params = self._params.get(name)
+        if params is not None:
+            return params[1]
         return self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
 
     def decode_seconds_per_token(self, name: str) -> float:
         """Learned seconds per output token; the fleet's median until this instance has a sample."""
-        state = self._states.get(name)
-        if state is not None and state.tpot_n > 0:
-            return state.tpot
+        self._fresh()
+        params = self._params.get(name)
+        if params is not None:
+            return params[2]
         return self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
 
     def _fleet_median(self, value: Callable[[_State], float | None], default: float) -> float:
         known = [v for v in map(value, self._states.values()) if v is not None]
         return statistics.median(known) if known else default
 
+    def params(self, name: str) -> tuple[float, float, float]:
+        """(speed, base latency, seconds per output token) of one instance: what a dispatch view
+        needs, in one lookup."""
+        self._fresh()
+        params = self._params.get(name)
+        if params is None:
+            return (self.speed(name), self.base_latency(name), self.decode_seconds_per_token(name))
+        return params
+
     def relative(self, name: str) -> float:
         """Speed relative to the fleet median (1.0 for a lone instance)."""
+        self._fresh()
         if not self._speeds:
             return 1.0
         return self.speed(name) / statistics.median(self._speeds.values())
 
     def snapshot(self) -> dict[str, SpeedStat]:
         """Every instance's speed and sample counts, the input of ``slow_instances``."""
+        self._fresh()
         return {name: SpeedStat(self._speeds[name], st.n, st.evidence) for name, st in self._states.items()}
 
 
