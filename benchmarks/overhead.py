@@ -16,6 +16,11 @@ the gateway. The gateway's CPU comes from ``/proc/<pid>/stat`` (utime + stime) a
 * CPU per relayed SSE event = (Δcpu − streams × CPU per request of the same round) / events,
   where events are the ``data: `` lines the client received.
 
+A closed loop of 32 workers over instant emulators saturates whatever is slowest, so its "added p50"
+is mostly the gateway's throughput limit (added ≈ 32/gateway_rps − 32/direct_rps), not the latency
+a request sees at real LLM request rates. A paced phase pair measures that too: open-loop arrivals
+at ``--paced-rate`` requests/s (at most ``--concurrency`` in flight), direct and through the gateway.
+
 Figures are the median over rounds; the machine is shared, so compare within one run only.
 Run: ``.venv/bin/python benchmarks/overhead.py [--requests 4000] [--rounds 3] [--json out.json]``.
 """
@@ -91,8 +96,10 @@ async def run_phase(
     headers: dict[str, str],
     gateway_pid: int | None,
     emulator_pid: int,
+    rate: float | None = None,
 ) -> Phase:
-    """``count`` requests from ``concurrency`` workers, round-robin over ``urls``."""
+    """``count`` requests from ``concurrency`` workers, round-robin over ``urls``; with ``rate``,
+    request i starts no earlier than i / rate seconds into the phase (open loop, paced)."""
     phase = Phase(name)
     targets = [u + "/v1/completions" for u in urls]
     bodies = [
@@ -107,6 +114,8 @@ async def run_phase(
         while next_i < count:
             i = next_i
             next_i += 1
+            if rate is not None:
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
             t0 = time.perf_counter()
             try:
                 async with http.post(targets[i % len(targets)], data=bodies[i % 64], headers=hdrs) as r:
@@ -126,7 +135,7 @@ async def run_phase(
 
     g0 = cpu_seconds(gateway_pid) if gateway_pid else 0.0
     e0, c0 = cpu_seconds(emulator_pid), process_cpu()
-    t0 = time.perf_counter()
+    t0 = start = time.perf_counter()
     async with asyncio.timeout(PHASE_TIMEOUT_S):
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     phase.wall = time.perf_counter() - t0
@@ -150,6 +159,8 @@ class Round:
     gateway_info: Phase | None
     sdirect: Phase
     sgateway: Phase
+    pdirect: Phase
+    pgateway: Phase
 
     def figures(self) -> dict[str, float]:
         d, g, sd, sg = self.direct, self.gateway, self.sdirect, self.sgateway
@@ -181,6 +192,10 @@ class Round:
             / max(1, sg.events)
             * 1e6,
             "events_per_stream": sg.events / sg.requests,
+            "paced_direct_p50_ms": self.pdirect.pct(0.5) * 1e3,
+            "paced_gateway_p50_ms": self.pgateway.pct(0.5) * 1e3,
+            "paced_added_p50_ms": (self.pgateway.pct(0.5) - self.pdirect.pct(0.5)) * 1e3,
+            "paced_added_p99_ms": (self.pgateway.pct(0.99) - self.pdirect.pct(0.99)) * 1e3,
         }
         gi = self.gateway_info
         if gi is not None and gi.gateway_cpu is not None:
@@ -197,7 +212,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
     errors = {
         p.name: (p.errors, p.error_kinds)
         for r in rounds
-        for p in (r.direct, r.gateway, r.gateway_info, r.sdirect, r.sgateway)
+        for p in (r.direct, r.gateway, r.gateway_info, r.sdirect, r.sgateway, r.pdirect, r.pgateway)
         if p is not None and p.errors
     }
 
@@ -235,6 +250,10 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
         ("stream gateway SSE events/s", "stream_gateway_events_per_s", "{:,.0f}"),
         ("SSE events per stream (data: lines)", "events_per_stream", "{:.0f}"),
         ("gateway CPU µs per stream (whole)", "stream_gateway_cpu_us_per_stream", "{:,.0f}"),
+        (f"paced {args.paced_rate:g} req/s: direct p50, ms", "paced_direct_p50_ms", "{:.3f}"),
+        (f"paced {args.paced_rate:g} req/s: gateway p50, ms", "paced_gateway_p50_ms", "{:.3f}"),
+        ("paced: added p50, ms", "paced_added_p50_ms", "{:.3f}"),
+        ("paced: added p99, ms", "paced_added_p99_ms", "{:.3f}"),
     ):
         if key in med:
             print(row(label, key, fmt))
@@ -253,7 +272,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
             "µs",
         ),
         (
-            f"added p50 latency at {args.concurrency} concurrent",
+            f"added p50 at {args.concurrency} concurrent (closed loop)",
             med["added_p50_ms"],
             TARGET_ADDED_P50_MS,
             "ms",
@@ -272,7 +291,8 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
         + ", ".join(f"{f['added_p50_ms']:.3f}" for f in figs)
         + " ms; per-round SSE µs/event: "
         + ", ".join(f"{f['gateway_cpu_us_per_sse_event']:.2f}" for f in figs)
-        + ")"
+        + f"; paced at {args.paced_rate:g} req/s, added p50 {med['paced_added_p50_ms']:.3f} ms,"
+        + f" p99 {med['paced_added_p99_ms']:.3f} ms)"
     )
     if errors:
         print(f"NON-200 / FAILED REQUESTS: {errors}")
@@ -311,7 +331,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         )
 
         auth = {"authorization": f"Bearer {API_KEY}"}
-        conn = aiohttp.TCPConnector(limit=args.concurrency * 2, limit_per_host=0, force_close=False)
+        # keepalive under uvicorn's 5 s: never reuse a connection the gateway is closing right then
+        conn = aiohttp.TCPConnector(limit=args.concurrency * 2, limit_per_host=0, keepalive_timeout=3)
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
             common: dict[str, Any] = {"concurrency": args.concurrency, "emulator_pid": emu.pid}
@@ -328,6 +349,21 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     max_tokens=1,
                     headers=hdrs,
                     gateway_pid=pid,
+                    **common,
+                )
+
+            async def paced(name: str, target: list[str], pid: int | None, hdrs: dict[str, str]) -> Phase:
+                n = max(1, int(args.paced_rate * args.paced_seconds))
+                return await run_phase(
+                    http,
+                    name,
+                    target,
+                    count=n,
+                    stream=False,
+                    max_tokens=1,
+                    headers=hdrs,
+                    gateway_pid=pid,
+                    rate=args.paced_rate,
                     **common,
                 )
 
@@ -369,7 +405,9 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     gi = await tiny("gateway-info", [gwi_url], gwi.pid, auth, args.requests)
                 sd = await streams("stream-direct", urls, None, {})
                 sg = await streams("stream-gateway", [gw_url], gw.pid, auth)
-                rounds.append(Round(d, g, gi, sd, sg))
+                pd = await paced("paced-direct", urls, None, {})
+                pg = await paced("paced-gateway", [gw_url], gw.pid, auth)
+                rounds.append(Round(d, g, gi, sd, sg, pd, pg))
                 f = rounds[-1].figures()
                 print(
                     f"round {n + 1}/{args.rounds}: direct p50 {f['direct_p50_ms']:.3f} ms "
@@ -380,7 +418,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         if "gateway_info_cpu_us_per_request" in f
                         else ""
                     )
-                    + f" | SSE {f['gateway_cpu_us_per_sse_event']:.2f} µs CPU/event",
+                    + f" | SSE {f['gateway_cpu_us_per_sse_event']:.2f} µs CPU/event"
+                    + f" | paced added p50 {f['paced_added_p50_ms']:.3f} ms",
                     flush=True,
                 )
         result = report(rounds, args)
@@ -399,11 +438,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
     p.add_argument("--stream-tokens", type=int, default=200, help="max_tokens of each stream (default 200)")
     p.add_argument("--stream-requests", type=int, default=1000, help="streams per phase (default 1000)")
+    p.add_argument(
+        "--paced-rate", type=float, default=200.0, help="open-loop phase: requests/s (default 200)"
+    )
+    p.add_argument("--paced-seconds", type=float, default=5.0, help="open-loop phase length (default 5)")
     p.add_argument("--skip-info", action="store_true", help="skip the log_level=info gateway phase")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args()
     if not (1 <= args.requests <= 200_000 and 1 <= args.concurrency <= 1024 and 1 <= args.rounds <= 20):
         p.error("--requests 1..200000, --concurrency 1..1024, --rounds 1..20")
+    if not (1 <= args.paced_rate <= 20_000 and 0.5 <= args.paced_seconds <= 120):
+        p.error("--paced-rate 1..20000, --paced-seconds 0.5..120")
     if not (1 <= args.stream_tokens <= 4096 and 1 <= args.stream_requests <= 50_000):
         p.error("--stream-tokens 1..4096, --stream-requests 1..50000")
     try:
