@@ -15,7 +15,7 @@ from typing import Any
 from taogate.dispatch.speed import SpeedEstimator, slow_instances, speed_bound
 from taogate.dispatch.types import InstanceView
 from taogate.instances import Instance, InstanceSpec
-from taogate.settings import InstanceSettings, Settings
+from taogate.settings import ConfigError, InstanceSettings, Settings
 
 log = logging.getLogger("taogate.fleet")
 
@@ -25,7 +25,12 @@ def specs_from_settings(settings: Settings, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
 
     def spec(item: InstanceSettings, overflow: bool) -> InstanceSpec:
-        key = env.get(item.api_key_env) if item.api_key_env else None
+        key = env.get(item.api_key_env, "").strip() or None if item.api_key_env else None
+        if key is not None and not key.isprintable():  # it goes into a header line verbatim
+            raise ConfigError(
+                f"instance {item.label}: {item.api_key_env} holds a control character; set it to the "
+                "key alone (a trailing newline from a file is stripped, inner ones are not)"
+            )
         if item.api_key_env and not key:
             log.warning(
                 "instance %s: api_key_env %s is not set; sending no key", item.label, item.api_key_env

@@ -182,15 +182,17 @@ class Gateway:
         """Apply a new validated config; in-flight requests keep their leases."""
         keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
         old = self.settings
-        if settings.discovery.dns != old.discovery.dns:
-            self.discovered = []  # another name: its addresses come with the next resolution
+        # Another DNS name: its addresses come with the next resolution.
+        discovered = self.discovered if settings.discovery.dns == old.discovery.dns else []
+        specs = self._specs(settings, discovered)  # may raise ConfigError: before anything changes
+        self.discovered = discovered
         restart_only = old.restart_only_changes(settings)
         if restart_only:
             log.warning("reload: %s take effect only after a restart", ", ".join(restart_only))
         policy_changed = old.dispatch.policy_key != settings.dispatch.policy_key
         self.keys = keys
         self.settings = settings
-        changes = self.fleet.apply(settings, self._specs(settings))
+        changes = self.fleet.apply(settings, specs)
         self.accounting.access = AccessLog(settings.gateway.log_format)
         self.accounting.long_tag = settings.prefill.tag
         if self.upstream is not None:
@@ -209,10 +211,11 @@ class Gateway:
         log.info("config reloaded: added %s, removed %s, changed %s", added, removed, changed)
         return changes
 
-    def _specs(self, settings: Settings) -> list[InstanceSpec]:
+    def _specs(self, settings: Settings, discovered: list[InstanceSpec] | None = None) -> list[InstanceSpec]:
         static = specs_from_settings(settings, self._environ)
         names = {s.name for s in static}
-        return static + [d for d in self.discovered if d.name not in names]
+        found = self.discovered if discovered is None else discovered
+        return static + [d for d in found if d.name not in names]
 
     def set_discovered(self, addresses: list[str]) -> tuple[list[str], list[str]]:
         """Install a new set of discovered addresses; returns (joined, left) instance names."""

@@ -233,3 +233,15 @@ def test_overflow_name_must_not_collide_with_an_instance(tmp_path: Path) -> None
     )
     with pytest.raises(ConfigError, match="must be unique"):
         load_settings(write(tmp_path, toml))
+
+
+def test_instance_keys_are_trimmed_and_control_characters_refused() -> None:
+    from taogate.fleet import specs_from_settings
+
+    s = Settings.model_validate(
+        {"instances": [{"url": "http://127.0.0.1:9000", "name": "a", "api_key_env": "A_KEY"}]}
+    )
+    assert specs_from_settings(s, {"A_KEY": "sk-1\n"})[0].api_key == "sk-1"
+    assert specs_from_settings(s, {"A_KEY": "  "})[0].api_key is None
+    with pytest.raises(ConfigError, match="A_KEY holds a control character"):
+        specs_from_settings(s, {"A_KEY": "sk-1\r\nx-evil: 1"})
