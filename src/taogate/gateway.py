@@ -107,7 +107,9 @@ class Gateway:
         self.resolver = resolver
         self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by the probes
         self.keys = KeyCheck(settings.api_key(env), settings.admin_key(env))
-        self.speeds = SpeedEstimator()
+        # Learned speeds are rebuilt at most every 5 ms: at high request rates, once per response
+        # would cost more than the rest of the learning (measured: benchmarks/overhead.py).
+        self.speeds = SpeedEstimator(rebuild_every=0.005, clock=clock)
         self.tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
         # Optional exact counts for plain text; TokenizerUnavailable names what is missing.
         self._exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None

@@ -204,3 +204,23 @@ def test_gateway_entry_point() -> None:
     )
     assert non_stream == pytest.approx(1000.0)
     assert est.samples("a") == 2
+
+
+def test_rebuild_every_defers_learned_speeds_but_not_fleet_changes() -> None:
+    now = [0.0]
+    est = SpeedEstimator(rebuild_every=0.005, clock=lambda: now[0])
+    est.seed("a")
+    est.seed("b")
+    before = est.params("a")
+    est.observe_first_token("a", ttft=0.1, ahead_tokens=0, uncached_tokens=4000)  # 40k tok/s: fast
+    assert est.params("a") == before  # dispatch's read was rebuilt moments ago: the sample waits
+    now[0] += 0.005
+    assert est.params("a") != before
+    est.observe_first_token("a", ttft=0.1, ahead_tokens=0, uncached_tokens=4000)
+    assert est.speed("a") == est.params("a")[0] != before[0]  # other reads are exact, and rebuild
+    est.observe_first_token("a", ttft=0.1, ahead_tokens=0, uncached_tokens=4000)
+    est.seed("c")  # a new instance is visible at once, with whatever was learned meanwhile
+    assert est.speed("c") > 0 and est.params("c")[0] == est.speed("c")
+    exact = SpeedEstimator()  # the default: every read sees every sample
+    exact.observe_first_token("a", ttft=0.1, ahead_tokens=0, uncached_tokens=4000)
+    assert exact.speed("a") != SpeedEstimator().speed("a")

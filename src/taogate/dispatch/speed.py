@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -102,6 +103,8 @@ class SpeedEstimator:
         decode_seconds_per_token: float = 0.02,
         small_tokens: float = 128.0,
         base_latency: float = 0.0,
+        rebuild_every: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (nominal > 0 and 0 < alpha <= 1 and clamp > 1 and fast_cap >= 1):
             raise ValueError("need nominal > 0, 0 < alpha <= 1, clamp > 1, fast_cap >= 1")
@@ -120,6 +123,13 @@ class SpeedEstimator:
         # lazily: samples only mark it stale, so a burst of them costs one rebuild, not one each.
         self._params: dict[str, tuple[float, float, float]] = {}
         self._stale = False
+        # Dispatch's read (``params``) rebuilds at most once per ``rebuild_every`` seconds of
+        # ``clock`` (0: on every read after a change): at thousands of responses a second, a few
+        # milliseconds of lag in a learned speed is nothing, a rebuild per response is ~15 µs. Every
+        # other read, and a new or removed instance, rebuilds at once.
+        self._rebuild_every = max(0.0, rebuild_every)
+        self._clock = clock
+        self._built = -math.inf
         for name, weight in (weights or {}).items():
             self.seed(name, weight)
 
@@ -135,13 +145,17 @@ class SpeedEstimator:
         else:
             state.weight = weight
         self._stale = True
+        self._built = -math.inf
 
     def forget(self, name: str) -> None:
         self._states.pop(name, None)
         self._stale = True
+        self._built = -math.inf
 
-    def _fresh(self) -> None:
-        if self._stale:
+    def _fresh(self, lag_ok: bool = False) -> None:
+        if self._stale and (
+            not lag_ok or self._rebuild_every <= 0 or self._clock() - self._built >= self._rebuild_every
+        ):
             self._refresh()
 
     def _state(self, name: str) -> _State:
@@ -198,6 +212,8 @@ class SpeedEstimator:
             for name, st in self._states.items()
         }
         self._stale = False
+        if self._rebuild_every > 0:
+            self._built = self._clock()
 
     # --- samples -------------------------------------------------------------------------------------
 
@@ -394,8 +410,8 @@ class SpeedEstimator:
 
     def params(self, name: str) -> tuple[float, float, float]:
         """(speed, base latency, seconds per output token) of one instance: what a dispatch view
-        needs, in one lookup."""
-        self._fresh()
+        needs, in one lookup; may lag the latest samples by up to ``rebuild_every``."""
+        self._fresh(lag_ok=True)
         params = self._params.get(name)
         if params is None:
             return (self.speed(name), self.base_latency(name), self.decode_seconds_per_token(name))
