@@ -65,6 +65,9 @@ from taogate.upstream import (
 log = logging.getLogger("taogate.gateway")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Seconds a request runs before the gateway starts watching for its client to go away.
+WATCH_AFTER = 0.05
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
@@ -298,13 +301,21 @@ class Gateway:
             self.accounting.record(rec)
 
     async def _serve_watching_disconnect(self, ex: Exchange, receive: Receive) -> None:
-        """Serve in this task while one small task waits for the client to go away; if it does, this
+        """Serve in this task while a small task waits for the client to go away; if it does, this
         task is cancelled, which releases the lease and closes the upstream connection (vLLM then
-        aborts the request). One extra task per request, not two (measured: ~26 µs less)."""
+        aborts the request).
+
+        The watcher starts only once the request has lasted ``WATCH_AFTER`` seconds: most requests
+        a gateway sees at high rates finish sooner, and a timer is cheaper than a task (measured:
+        ~10-15 µs per request). A client that left earlier is seen then, since uvicorn answers
+        ``receive()`` with ``http.disconnect`` at once for a connection already gone: an abort at
+        most ``WATCH_AFTER`` late, on requests that cost the instance little so far."""
         task = asyncio.current_task()
         assert task is not None
+        loop = asyncio.get_running_loop()
         watching = True
         gone = False
+        listener: asyncio.Future[Any] | None = None
 
         def on_message(fut: asyncio.Future[Any]) -> None:
             nonlocal gone
@@ -313,8 +324,13 @@ class Gateway:
                 gone = True
                 task.cancel()
 
-        listener = asyncio.ensure_future(receive())
-        listener.add_done_callback(on_message)
+        def watch() -> None:
+            nonlocal listener
+            if watching:
+                listener = asyncio.ensure_future(receive())
+                listener.add_done_callback(on_message)
+
+        timer = loop.call_later(WATCH_AFTER, watch)
         try:
             await self._serve(ex)
         except asyncio.CancelledError:
@@ -323,7 +339,9 @@ class Gateway:
             raise
         finally:
             watching = False
-            listener.cancel()
+            timer.cancel()
+            if listener is not None:
+                listener.cancel()
 
     async def _serve(self, ex: Exchange) -> None:
         """Attempts: acquire a lease, forward, and fail over before the first byte went downstream."""

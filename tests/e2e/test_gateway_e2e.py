@@ -179,6 +179,24 @@ async def test_client_disconnect_aborts_upstream_and_frees_the_slot(gateway_fact
         assert (g.inflight, g.prefill_tokens, g.prefilling) == (0, 0, 0)
 
 
+async def test_a_client_gone_before_the_watch_starts_still_aborts_a_non_stream_request(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """The disconnect watcher starts after WATCH_AFTER; a client that left before is seen then."""
+    async with gateway_factory([EmulatorConfig(step_overhead=0.02)]) as gw:
+        inst = gw.fleet.instances[0]
+        async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=30) as h:
+            body = {"model": MODEL, "prompt": "long story", "max_tokens": 2000}
+            with pytest.raises(httpx.ReadTimeout):
+                await h.post(gw.api + "/completions", json=body, timeout=httpx.Timeout(30, read=0.01))
+        for _ in range(200):
+            if inst.stats()["aborted"] == 1 and gw.gateway.fleet.get("i0").inflight == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert inst.stats()["aborted"] == 1 and inst.stats()["running"] == 0
+        assert gw.gateway.fleet.get("i0").inflight == 0
+
+
 async def test_health_ready_and_metrics(gw: Running) -> None:
     async with httpx.AsyncClient(timeout=10) as h:
         assert (await h.get(gw.url + "/health")).status_code == 200
