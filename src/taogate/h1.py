@@ -227,6 +227,8 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._interim = False  # parsing a 1xx reply (100 Continue, 103 Early Hints): skipped
+        self._extra = False  # a second reply to one request: ignored, the connection not reused
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -261,14 +263,28 @@ class _Conn(asyncio.Protocol):
         r._fail(Disconnected(f"connection closed before a complete answer{why}"))
 
     # -- httptools callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        r = self.response
+        if r is not None and r.headers_done:  # a reply nobody asked for: framing can't be trusted
+            self._extra = True
+            r.keep_alive = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.response is not None
-        self.response.raw_headers.append((name, value))
+        if not self._extra:
+            assert self.response is not None
+            self.response.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         r = self.response
         assert r is not None
-        r.status_code = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if self._extra:
+            return
+        if 100 <= status < 200:
+            self._interim = True
+            r.raw_headers.clear()
+            return
+        r.status_code = status
         r.keep_alive = self.parser.should_keep_alive()
         r.headers_done = True
         r._wake()
@@ -276,6 +292,8 @@ class _Conn(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         r = self.response
         assert r is not None
+        if self._extra:
+            return
         r._chunks.append(body)
         r._buffered += len(body)
         if r._buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -286,6 +304,11 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         r = self.response
         assert r is not None
+        if self._interim:
+            self._interim = False
+            return
+        if self._extra:
+            return
         r.complete = True
         r.keep_alive = r.keep_alive and self.parser.should_keep_alive()
         self._cancel_timer()

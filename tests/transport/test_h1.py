@@ -235,6 +235,24 @@ async def test_malformed_reply_and_body_until_close() -> None:
     await p.aclose()
 
 
+async def test_interim_replies_are_skipped_and_an_extra_reply_poisons_the_connection() -> None:
+    async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" + OK)
+        await read_request(reader)
+        writer.write(OK + OK)  # two replies to one request
+        await asyncio.sleep(1)
+
+    async with script(interim) as s:
+        p = pool()
+        r = await p.request(s.origin, b"/", [], b"")
+        assert (r.status_code, await r.aread(), r.header("link")) == (200, b"{}", "")
+        r = await p.request(s.origin, b"/", [], b"")
+        assert await r.aread() == b"{}"
+        assert (s.connections, p.open_connections) == (1, 0)  # not put back: its framing is off
+        await p.aclose()
+
+
 async def test_idle_connection_closed_by_the_server_is_replaced_transparently() -> None:
     async def one_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
