@@ -502,6 +502,7 @@ class Gateway:
             ex.send,
             instance=inst.name,
             idle=self.settings.gateway.stream_idle_timeout,
+            stall=self.settings.gateway.client_stall_timeout,
             on_first_chunk=first_chunk,
             on_last_message=last_message,
         )

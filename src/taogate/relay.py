@@ -13,39 +13,64 @@ import orjson
 
 
 class IdleGuard:
-    """Cancels the relaying task when no chunk has arrived for ``idle`` seconds.
+    """Ends a stream that stopped moving: cancels the relaying task when the instance has sent
+    nothing for ``idle`` seconds (``expired``), or when one send to the client has been blocked for
+    ``stall`` seconds (``stalled``: a client that keeps its connection open but reads nothing would
+    otherwise hold its instance slot for ever).
 
-    The relay calls ``touch()`` per chunk (a float store); a single timer re-arms itself at
-    ``last + idle`` instead of being rescheduled on every chunk. Time spent blocked sending to a slow
-    client (``sending``) does not count: only the instance's silence does.
+    The relay calls ``sending_started()`` / ``sent()`` around each chunk (a float store each); a
+    single timer re-arms itself instead of being rescheduled per chunk. Time spent blocked sending
+    does not count as the instance's silence.
     """
 
-    __slots__ = ("_handle", "_idle", "_loop", "_task", "expired", "last", "sending")
+    __slots__ = ("_handle", "_idle", "_loop", "_stall", "_task", "expired", "last", "send_started", "stalled")
 
-    def __init__(self, idle: float) -> None:
+    def __init__(self, idle: float, stall: float | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None, "IdleGuard must be created inside a task"
         self._task = task
         self._idle = idle
+        self._stall = stall
         self.expired = False
-        self.sending = False  # blocked writing to the client: that time is not the instance's
+        self.stalled = False
+        self.send_started: float | None = None  # set while blocked writing to the client
         self.last = self._loop.time()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.last + idle, self._check)
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._next(self.last), self._check)
+
+    def _next(self, now: float) -> float:
+        started = self.send_started
+        if started is not None:  # blocked on the client: only the stall limit applies
+            return started + self._stall if self._stall is not None else now + self._idle
+        deadline = self.last + self._idle
+        if self._stall is not None:  # a send may block before the next check
+            deadline = min(deadline, now + self._stall)
+        return deadline
+
+    def sending_started(self) -> None:
+        self.send_started = self._loop.time()
+
+    def sent(self) -> None:
+        self.send_started = None
+        self.last = self._loop.time()
 
     def touch(self) -> None:
         self.last = self._loop.time()
 
     def _check(self) -> None:
-        deadline = self.last + self._idle
-        if self.sending:
-            deadline = self._loop.time() + self._idle
-        if self._loop.time() < deadline:
-            self._handle = self._loop.call_at(deadline, self._check)
+        now = self._loop.time()
+        started = self.send_started
+        if started is not None and self._stall is not None and now - started >= self._stall:
+            self._handle = None
+            self.stalled = True
+            self._task.cancel()
             return
-        self._handle = None
-        self.expired = True
-        self._task.cancel()
+        if started is None and now >= self.last + self._idle:
+            self._handle = None
+            self.expired = True
+            self._task.cancel()
+            return
+        self._handle = self._loop.call_at(max(self._next(now), now + 1e-3), self._check)
 
     def close(self) -> None:
         if self._handle is not None:

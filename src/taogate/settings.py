@@ -80,6 +80,12 @@ class GatewaySettings(_Section):
     stream_idle_timeout: float = Field(
         default=60.0, gt=0, description="Seconds without a byte mid-stream before the stream is ended."
     )
+    client_stall_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a streaming client may read nothing before the gateway gives up on it "
+        "(the instance request is aborted and its slot freed).",
+    )
     max_connections: int = Field(default=64, ge=1, description="Upstream connection pool size.")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body (413).")
     shutdown_timeout: float = Field(default=30.0, ge=0, description="Seconds in-flight work gets on stop.")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taogate.errors import sse_error_event
+from taogate.intake import ClientGone
 from taogate.relay import IdleGuard, UsageTap
 from taogate.upstream import UPSTREAM_ERRORS, UpstreamResponse
 
@@ -30,12 +31,14 @@ async def relay_sse(
     *,
     instance: str,
     idle: float,
+    stall: float | None = None,
     on_first_chunk: Callable[[], None],
     on_last_message: Callable[[], None],
 ) -> StreamEnd:
-    """Relay the body of an already-started SSE response; always sends the final body message."""
+    """Relay the body of an already-started SSE response; always sends the final body message,
+    unless the client stopped reading for ``stall`` seconds: then ``ClientGone``."""
     tap = UsageTap()
-    guard = IdleGuard(idle)
+    guard = IdleGuard(idle, stall)
     first = True
     tail = b"\n\n"
     error: tuple[str, str] | None = None
@@ -45,18 +48,19 @@ async def relay_sse(
                 first = False
                 on_first_chunk()
             tap.feed(chunk)
-            guard.sending = True  # a slow client is not a silent instance
+            guard.sending_started()  # a slow client is not a silent instance
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            guard.sending = False
-            guard.touch()
+            guard.sent()
             tail = chunk[-2:]
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        # The guard's cancel alone means the instance went silent; any other cancel (the client
-        # hung up, shutdown) must propagate.
-        if not guard.expired or task is None or task.cancelling() > 1:
+        # The guard's cancel alone means the instance went silent or the client stopped reading;
+        # any other cancel (the client hung up, shutdown) must propagate.
+        if not (guard.expired or guard.stalled) or task is None or task.cancelling() > 1:
             raise
         task.uncancel()
+        if guard.stalled:
+            raise ClientGone(f"the client read nothing for {stall:g}s") from None
         error = ("stream_idle_timeout", f"no data from instance {instance} for {idle:g}s")
     except UPSTREAM_ERRORS as exc:
         error = ("upstream_stream_broken", f"instance {instance} broke the stream ({type(exc).__name__})")

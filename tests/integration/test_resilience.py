@@ -4,13 +4,16 @@ hang up. Nothing is lost: no failed request that another instance could serve, n
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
+import socket
 import sys
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.serving import bind_socket
@@ -131,6 +134,36 @@ async def test_a_stalled_stream_is_ended_by_the_idle_timeout(gateway_factory: Ga
             data = b"".join([c async for c in r.aiter_bytes()])
         assert b'"code":"stream_idle_timeout"' in data and data.endswith(b"data: [DONE]\n\n")
         await wait_for(lambda: gw.fleet.instances[0].stats()["in_flight"] == 0)
+        assert_nothing_leaked(gw)
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_frees_its_slot(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """A client that keeps its connection open but reads nothing would hold the instance slot for
+    ever: past client_stall_timeout the gateway aborts the instance request and frees the slot."""
+    async with gateway_factory(fleet(1, instant=True), gateway={"client_stall_timeout": 0.3}) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills fast
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        payload = json.dumps(body(1, True, 30_000)).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+        )
+        try:
+            await asyncio.get_running_loop().sock_sendall(sock, head.encode() + payload)
+            # ... and never read: the gateway's send blocks once the buffers are full.
+            await wait_for(lambda: gw.gateway.fleet.get("i0").inflight == 1)
+            await wait_for(lambda: gw.gateway.fleet.get("i0").inflight == 0, seconds=20)
+            # (vLLM may have finished generating into the buffers by then: what matters is the slot.)
+            await wait_for(lambda: gw.fleet.instances[0].stats()["in_flight"] == 0)
+            text = generate_latest(gw.gateway.registry).decode()
+            assert "taogate_client_disconnects_total 1.0" in text
+        finally:
+            sock.close()
         assert_nothing_leaked(gw)
 
 
