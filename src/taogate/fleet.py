@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from taogate.dispatch.speed import SpeedEstimator, slow_instances, speed_bound
+from taogate.dispatch.speed import SpeedEstimator, slow_instances
 from taogate.dispatch.types import InstanceView
 from taogate.instances import Instance, InstanceSpec
 from taogate.settings import ConfigError, InstanceSettings, Settings
@@ -137,7 +137,7 @@ class Fleet:
             name = inst.name
             speed, base, tpot = speeds.params(name)
             if inst.pending:
-                speed = min(speed, speed_bound(inst.waiting(now, tpot), base))
+                speed = min(speed, inst.speed_bound(now, tpot, base))
             out.append(
                 inst.view(
                     now,

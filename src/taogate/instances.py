@@ -14,17 +14,21 @@ that has waited longer than its work should take says the instance is slower tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from taogate.breaker import Breaker
-from taogate.dispatch.speed import Pending
+from taogate.dispatch.speed import Pending, speed_bound
 from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.health import HealthState, HealthTracker
 from taogate.scrape import EngineSample, engine_stats, stale_after
 from taogate.window import RollingWindow
+
+#: Seconds an instance's speed bound from its pending requests is reused (see Instance.speed_bound).
+BOUND_TTL = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class Instance:
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
         self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
         self.window = RollingWindow()  # the last minute, for the side-by-side status
+        self._bound = math.inf  # speed_bound over ``pending``, as of ``_bound_at``
+        self._bound_at = -math.inf
 
     @property
     def name(self) -> str:
@@ -108,6 +114,15 @@ class Instance:
             else:
                 continue
             yield Pending(lease.ahead_tokens + lease.tokens, now - lease.sent_at, allowance)
+
+    def speed_bound(self, now: float, decode_seconds_per_token: float, base_latency: float) -> float:
+        """``dispatch.speed.speed_bound`` over ``waiting``, recomputed at most every ``BOUND_TTL``
+        seconds: it walks every pending lease, and at high rates many decisions fall within one
+        millisecond (a bound a few milliseconds old is as good)."""
+        if now - self._bound_at >= BOUND_TTL:
+            self._bound = speed_bound(self.waiting(now, decode_seconds_per_token), base_latency)
+            self._bound_at = now
+        return self._bound
 
     def view(
         self,
