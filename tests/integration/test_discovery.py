@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import httpx
@@ -59,26 +60,32 @@ async def test_instances_join_and_leave_without_dropped_requests(caplog: pytest.
             gw = app.gateway
             assert sorted(i.name for i in gw.fleet) == [f"127.0.0.1:{port}", f"127.0.0.2:{port}"]
             statuses: list[int] = []
-            seen: set[str] = set()
+            seen: Counter[str] = Counter()
+
+            joined = f"127.0.0.3:{port}"
 
             async def load(h: httpx.AsyncClient) -> None:
-                for i in range(120):
+                # Until the newcomer has served a few (bounded): a fast gateway may otherwise finish
+                # a fixed load before the new instance is even probed.
+                for i in range(2000):
                     r = await h.post(
                         served.url + "/v1/completions",
                         json={"model": "emulated-model", "prompt": f"q {i}", "max_tokens": 3},
                     )
                     statuses.append(r.status_code)
-                    seen.add(r.headers.get("x-taogate-instance", ""))
+                    seen[r.headers.get("x-taogate-instance", "")] += 1
+                    if seen[joined] >= 8 and i >= 60:
+                        return
 
             async with httpx.AsyncClient(headers=AUTH, timeout=30) as h:
                 task = asyncio.gather(*(load(h) for _ in range(4)))
                 await asyncio.sleep(0.3)
                 answer[:] = ["127.0.0.2", "127.0.0.3"]  # .1 leaves, .3 joins
                 await asyncio.sleep(0.6)
-                assert sorted(i.name for i in gw.fleet) == [f"127.0.0.2:{port}", f"127.0.0.3:{port}"]
+                assert sorted(i.name for i in gw.fleet) == [f"127.0.0.2:{port}", joined]
                 await task
-            assert statuses == [200] * 480
-            assert f"127.0.0.3:{port}" in seen
+            assert statuses == [200] * len(statuses) and len(statuses) >= 240
+            assert seen[joined] >= 8 and seen[f"127.0.0.1:{port}"] > 0
             assert gw.fleet.all_inflight() == 0
     joins = [r.getMessage() for r in caplog.records if r.getMessage().startswith("discovery ")]
     assert any("127.0.0.3" in m and "joined" in m for m in joins)
