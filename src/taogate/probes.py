@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -54,12 +53,22 @@ class Probes:
         ]
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._oneshots]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with suppress(asyncio.CancelledError):
-                await task
+        """Cancel the loops and wait for them, cancelling again while one still runs: on Python
+        3.11 a cancellation that lands as an ``asyncio.timeout`` inside a probe expires can be
+        taken for that timeout and swallowed (seen: a loop that went on probing, and a shutdown
+        that waited for it for ever)."""
+        pending = {*self._tasks, *self._oneshots}
+        for _ in range(100):  # bounded: 10 s
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=0.1)
+            for task in done:  # retrieved, so none is reported as "never retrieved"
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("probe task ended with %r", task.exception())
+        if pending:
+            log.error("%d probe tasks ignored cancellation; leaving them behind", len(pending))
         self._tasks = []
         self._oneshots.clear()
 
@@ -110,6 +119,9 @@ class Probes:
                 await tick()
             except Exception:  # a probe bug must not end probing
                 log.exception("background probe round failed")
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a cancel swallowed inside the round
+                raise asyncio.CancelledError
 
     def _headers(self, inst: Instance) -> dict[str, str]:
         return {"authorization": f"Bearer {inst.spec.api_key}"} if inst.spec.api_key else {}
