@@ -12,6 +12,7 @@ Prints one table per workload and the issue's targets next to the measured figur
 Everything is sized by flags; the defaults take about 2-3 minutes on 2 cores.
 
     .venv/bin/python benchmarks/dispatch.py [--requests 64] [--mixed-requests 300] [--json out.json]
+    .venv/bin/python benchmarks/dispatch.py --only a_on --rows least_busy,pooled   # one part, to iterate
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ ROWS = (
     Scenario("pooled bound", "pooled"),
 )
 SLOW = 3
+PARTS = ("a_off", "a_on", "b", "c")
 
 
 def _f(value: float, fmt: str = ".2f") -> str:
@@ -64,11 +66,14 @@ async def run_rows(
     configs = fleet_configs(4, {SLOW: args.slow_factor}, prefix_caching=caching, base=base)
     out = []
     for row in ROWS:
+        if args.rows and row.label not in args.rows and row.kind != "pooled":
+            continue
         t = time.perf_counter()
         outcome = await run_scenario(row, wl, configs=configs, max_seconds=args.max_seconds)
+        counts = " ".join(f"{n}={s.count}" for n, s in sorted(outcome.summary.per_instance.items()))
         console.print(
             f"  {name}: {row.label} done in {time.perf_counter() - t:.1f}s "
-            f"({outcome.summary.ok}/{outcome.summary.requests} ok)"
+            f"({outcome.summary.ok}/{outcome.summary.requests} ok; {counts})"
         )
         out.append(outcome)
     return out
@@ -217,40 +222,56 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "fleet's summed speeds, batch slots and KV cache"
     )
     t0 = time.perf_counter()
+    only = set(args.only)
     article = workloads.article(args.requests, args.concurrency, args.prompt_tokens, 16)
-    a_off = await run_rows(console, "(a) caching off", article, False, args)
-    a_on = await run_rows(console, "(a) caching on", article, True, args)
-    mixed = workloads.mixed(args.mixed_requests, rate, seed=args.seed)
-    console.print(
-        f"(b) mixed: {args.mixed_requests} requests at {rate:.1f}/s = {args.mixed_load:.0%} of capacity"
-    )
-    b = await run_rows(console, "(b) mixed", mixed, False, args)
-    shared = workloads.shared_prefix(args.shared_requests, args.concurrency, system_tokens=args.system_tokens)
-    # Optionally a KV cache too small to hold every system prompt on every instance (affinity matters more).
-    c_base = EmulatorConfig(kv_cache_tokens=args.kv_tokens) if args.kv_tokens else None
-    c = await run_rows(console, "(c) shared prefix", shared, True, args, c_base)
+    groups: dict[str, list[Outcome]] = {}
+    if "a_off" in only:
+        groups["a_off"] = await run_rows(console, "(a) caching off", article, False, args)
+    if "a_on" in only:
+        groups["a_on"] = await run_rows(console, "(a) caching on", article, True, args)
+    if "b" in only:
+        mixed = workloads.mixed(args.mixed_requests, rate, seed=args.seed)
+        console.print(
+            f"(b) mixed: {args.mixed_requests} requests at {rate:.1f}/s = {args.mixed_load:.0%} of capacity"
+        )
+        groups["b_mixed"] = await run_rows(console, "(b) mixed", mixed, False, args)
+    if "c" in only:
+        shared = workloads.shared_prefix(
+            args.shared_requests, args.concurrency, system_tokens=args.system_tokens
+        )
+        # Optionally a KV cache too small to hold every system prompt on every instance.
+        c_base = EmulatorConfig(kv_cache_tokens=args.kv_tokens) if args.kv_tokens else None
+        groups["c_shared"] = await run_rows(console, "(c) shared prefix", shared, True, args, c_base)
 
-    console.print(
-        article_table(
-            f"(a) the article's load, {args.requests} x ~{args.prompt_tokens} tokens, "
-            f"{args.concurrency} at a time, prefix caching OFF",
-            a_off,
-        )
+    title = (
+        f"(a) the article's load, {args.requests} x ~{args.prompt_tokens} tokens, "
+        f"{args.concurrency} at a time"
     )
-    console.print(article_table("(a) the same, prefix caching ON", a_on))
-    console.print(mixed_table(f"(b) mixed 80% ~200 / 20% ~8,000 tokens, Poisson {rate:.1f} req/s", b))
-    console.print(
-        shared_table(
-            f"(c) shared prefixes: 8 system prompts of ~{args.system_tokens} tokens, "
-            f"{args.shared_requests} questions, prefix caching on",
-            c,
+    if "a_off" in groups:
+        console.print(article_table(f"{title}, prefix caching OFF", groups["a_off"]))
+    if "a_on" in groups:
+        console.print(article_table("(a) the same, prefix caching ON", groups["a_on"]))
+    if "b_mixed" in groups:
+        console.print(
+            mixed_table(
+                f"(b) mixed 80% ~200 / 20% ~8,000 tokens, Poisson {rate:.1f} req/s", groups["b_mixed"]
+            )
         )
-    )
-    console.print(targets(a_off, a_on, b, c))
+    if "c_shared" in groups:
+        console.print(
+            shared_table(
+                f"(c) shared prefixes: 8 system prompts of ~{args.system_tokens} tokens, "
+                f"{args.shared_requests} questions, prefix caching on",
+                groups["c_shared"],
+            )
+        )
+    if len(groups) == len(PARTS) and not args.rows:
+        console.print(targets(groups["a_off"], groups["a_on"], groups["b_mixed"], groups["c_shared"]))
     console.print(f"total {time.perf_counter() - t0:.0f}s")
-    groups = {"a_off": a_off, "a_on": a_on, "b_mixed": b, "c_shared": c}
-    if args.plot:
-        plot_runs(Path(args.plot), [o.run for o in a_off], title="dispatch benchmark (a), caching off")
+    if args.plot and "a_off" in groups:
+        plot_runs(
+            Path(args.plot), [o.run for o in groups["a_off"]], title="dispatch benchmark (a), caching off"
+        )
         console.print(f"wrote {args.plot}")
     return {
         k: [run_payload(o.run, o.summary, hit_rate=o.cache_hit_rate) for o in v] for k, v in groups.items()
@@ -270,6 +291,18 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=2.5, help="slowdown of the slow instance")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=120.0, help="cap per run")
+    p.add_argument(
+        "--only",
+        type=lambda v: v.split(","),
+        default=list(PARTS),
+        help=f"comma-separated parts to run, of {','.join(PARTS)} (the targets table needs all of them)",
+    )
+    p.add_argument(
+        "--rows",
+        type=lambda v: v.split(","),
+        default=[],
+        help="comma-separated dispatch rows to run (the pooled bound always runs); default: all",
+    )
     p.add_argument("--json", help="write every run (summaries and samples) here")
     p.add_argument("--plot", help="write a PNG of (a) caching off here")
     return p.parse_args()
