@@ -1,6 +1,8 @@
 """Admission: turn a pure dispatch decision into a held lease, or a bounded wait, or a refusal.
 
-``acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet:
+``acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet (each view with
+the share of its prompt tokens the instance's prefix cache has recently left to prefill, which
+``dispatch.load`` applies to the work booked there):
 
 * ``Send``   → a Lease on that instance, at once;
 * ``Wait``   → every eligible instance is at its cap: join the bounded FIFO gateway queue. Whenever a
@@ -17,7 +19,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from taogate.dispatch.admission import decide, retry_after_seconds
 from taogate.dispatch.policy import Policy, RoundRobin
@@ -94,7 +96,10 @@ class Dispatcher:
     # -- the decision --------------------------------------------------------------------------
     def _try(self, facts: RequestFacts, exclude: frozenset[str]) -> tuple[Lease, Send] | Wait | Refuse:
         now = self._clock()
-        views: list[InstanceView] = self.fleet.views(now)
+        speeds = self.fleet.speeds
+        views: list[InstanceView] = [
+            replace(v, uncached_ratio=speeds.uncached_ratio(v.name)) for v in self.fleet.views(now)
+        ]
         decision = decide(facts, views, self.policy, exclude)
         if isinstance(decision, Send):
             inst = self.fleet.get(decision.instance)
