@@ -176,3 +176,33 @@ def test_property_round_robin_cycles_evenly(views: list[InstanceView], rounds: i
     rr = RoundRobin()
     counts = Counter(c.instance for c in (rr.choose(req(), views) for _ in range(rounds * len(views))) if c)
     assert counts == {v.name: rounds for v in views}
+
+
+def test_near_ties_go_to_the_instance_holding_fewest_requests() -> None:
+    """When the estimates cannot tell instances apart (cache hits, tiny prompts: no queued work),
+    the one with fewer requests in flight takes the next, so decode batches stay even instead of
+    following the noise between learned speeds."""
+    views = [
+        InstanceView("a", inflight=3, decoding=3, speed=10_000.0),
+        InstanceView("b", inflight=1, decoding=1, speed=9_700.0),  # not the cheapest, but tied
+        InstanceView("c", inflight=2, decoding=2, speed=10_000.0),
+    ]
+    lb = LeastBusy()
+    assert [lb.choose(req(40), views) for _ in range(3)] == [Send("b", "least_load")] * 3
+    far = [InstanceView("a", speed=10_000.0), InstanceView("b", inflight=0, speed=5_000.0)]
+    assert LeastBusy().choose(req(4096), far) == Send("a", "least_load")  # 2x the work is no tie
+
+
+def test_affinity_takes_the_cheapest_instance_already_holding_the_prefix() -> None:
+    """Slack protects a cache hit against a cold instance; when the cheapest candidate holds the
+    prefix too (the key spread there under load), there is nothing to protect: take it."""
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    lb = LeastBusy(affinity=True, affinity_slack=10.0)
+    first = lb.choose(req(4096, key, 4000), [v for v in fleet() if v.name != "a"], NAMES)
+    assert first is not None and first.reason == "affinity_override"  # "a" full: the key spreads
+    spread = first.instance
+    busy_a = fleet(a=8000)  # "a" holds the prefix too, but has 8,000 tokens queued
+    assert lb.choose(req(4096, key, 4000), busy_a, NAMES) == Send(spread, "affinity_hit")
+    # Against cold instances only, the preferred one is still followed within the slack.
+    cold = LeastBusy(affinity=True, affinity_slack=10.0)
+    assert cold.choose(req(4096, key, 4000), busy_a, NAMES) == Send("a", "affinity_hit")
