@@ -205,4 +205,20 @@ def test_affinity_takes_the_cheapest_instance_already_holding_the_prefix() -> No
     assert lb.choose(req(4096, key, 4000), busy_a, NAMES) == Send(spread, "affinity_hit")
     # Against cold instances only, the preferred one is still followed within the slack.
     cold = LeastBusy(affinity=True, affinity_slack=10.0)
+    assert cold.choose(req(4096, key, 4000), fleet(), NAMES) == Send("a", "affinity_hit")
     assert cold.choose(req(4096, key, 4000), busy_a, NAMES) == Send("a", "affinity_hit")
+
+
+def test_a_key_never_seen_gets_no_slack() -> None:
+    """Every mixed-traffic prompt starts differently: following each one's hashed instance within the
+    slack (0.5 s by default) placed long prompts at random, and the TTFT tail with them. A key seen
+    for the first time is costed with its hit on the preferred instance, but bends nothing more."""
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    busy_a = fleet(a=8000)  # 0.8 s of queue at 10k tokens/s
+    lb = LeastBusy(affinity=True, affinity_slack=10.0)
+    first = lb.choose(req(8000, key, 256), busy_a, NAMES)
+    assert first is not None and first.instance != "a" and first.reason == "affinity_override"
+    # Once seen, the key is worth keeping where it is: its preferred instance gets the slack again.
+    again = LeastBusy(affinity=True, affinity_slack=10.0)
+    assert again.choose(req(8000, key, 256), fleet(), NAMES) == Send("a", "affinity_hit")
+    assert again.choose(req(8000, key, 256), busy_a, NAMES) == Send("a", "affinity_hit")

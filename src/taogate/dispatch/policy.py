@@ -24,7 +24,11 @@ there. When the cheapest candidate already holds the prefix (the preferred one, 
 spread to, see below), it is taken (``affinity_hit``): the slack protects a cache hit against a
 cold instance, and there is none to protect. Otherwise the preferred instance is followed while it
 has room and its expected time, counting the hit, is within ``affinity_slack`` seconds of the best;
-failing that, the best (``affinity_override``).
+failing that, the best (``affinity_override``). The slack is only for keys this policy has seen
+before: a key seen for the first time may be unique (in mixed traffic every prompt starts
+differently), and following each one's hashed instance within the slack would place long prompts
+at random; it is still costed with its hit on the preferred instance, which another gateway may
+have warmed.
 Load therefore decides once a key gets hot: the article's 64 requests that all share one long prefix
 spread over the fleet as queues build instead of piling onto one instance, as a purely cache-aware
 router would do. The policy also remembers, per key, the few instances it recently sent that key to
@@ -167,6 +171,10 @@ class LeastBusy:
             return Send(best.name, "least_load")
 
         preferred = rendezvous(key, peers or [v.name for v in candidates])
+        # A key seen before is worth bending load for (its next requests hit where it goes); one never
+        # seen may be unique (every mixed-traffic prompt starts differently): the preferred instance is
+        # still costed with the hit (another gateway may have warmed it) but gets no extra slack.
+        slack = self.affinity_slack if key in self._warm else 0.0
         warm = {*self._warm.get(key, ()), preferred}
         hit = max(0, min(req.prefix_tokens, req.prompt_tokens - 1))
         work = [expected_prefill(req.prompt_tokens, hit if v.name in warm else 0) for v in candidates]
@@ -176,7 +184,7 @@ class LeastBusy:
             self._remember(key, best.name)
             return Send(best.name, "affinity_hit")
         for view, cost in zip(candidates, costs, strict=True):
-            if view.name == preferred and cost <= best_cost + self.affinity_slack:
+            if view.name == preferred and cost <= best_cost + slack:
                 self._remember(key, preferred)
                 return Send(preferred, "affinity_hit")
         self._remember(key, best.name)
