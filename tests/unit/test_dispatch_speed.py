@@ -221,6 +221,13 @@ def test_decode_pace_before_any_sample_follows_the_fixed_latency() -> None:
         "c", duration=0.05 + 9 * 0.03, completion_tokens=10, ahead_tokens=0, uncached_tokens=10, ttft=0.05
     )
     assert est.decode_seconds_per_token("c") == pytest.approx(0.02 + 0.2 * (0.03 - 0.02))  # its own now
+    # The warm-up's one prefill is enough: a card that prefilled at 40% of the others' speed is
+    # costed at 2.5x their decode pace until it streams a completion itself.
+    warmed = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02)
+    for name, seconds in (("a", 0.2), ("b", 0.2), ("c", 0.5)):
+        warmed.observe_first_token(name, ttft=seconds, ahead_tokens=0, uncached_tokens=2048)
+    assert 0.02 * 2.0 < warmed.decode_seconds_per_token("c") <= 0.02 * 2.5 * 1.01  # one sample: near 2.5x
+    assert warmed.decode_seconds_per_token("a") == pytest.approx(0.02)
     quick = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02)
     for _ in range(3):
         for name, base in (("a", 0.05), ("b", 0.05), ("c", 0.01)):

@@ -357,20 +357,27 @@ class SpeedEstimator:
         return self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
 
     def decode_seconds_per_token(self, name: str) -> float:
-        """Learned seconds per output token; until this instance has a sample, the fleet's median,
-        scaled up by how much its fixed latency exceeds the others' (as ``speed`` is scaled down):
-        a card whose every engine step is slower decodes slower too, and before its first answer
-        that is the only sign of it."""
+        """Learned seconds per output token. Until this instance has streamed a completion: the
+        fleet's median, scaled up by how much slower the card has shown itself otherwise (its
+        learned prefill speed against the others', or its fixed latency against theirs; at most
+        4x, never scaled down): a card whose every engine step is slower decodes slower too, and
+        before its first answer (the warm-up's prefill, cache hits) that is the only sign of it."""
         state = self._states.get(name)
         if state is not None and state.tpot_n > 0:
             return state.tpot
         median = self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
-        if state is None or state.base_n < _MIN_BASE_SAMPLES or state.base <= 0:
+        if state is None:
             return median
-        others = [st.base for n, st in self._states.items() if n != name and st.base_n >= _MIN_BASE_SAMPLES]
-        if not others:
-            return median
-        return median * min(4.0, max(1.0, state.base / statistics.median(others)))
+        factor = 1.0
+        others = [
+            self.speed(n) / st.weight for n, st in self._states.items() if n != name and st.evidence > 0
+        ]
+        if state.evidence > 0 and others:
+            factor = statistics.median(others) / max(self.speed(name) / state.weight, 1e-9)
+        bases = [st.base for n, st in self._states.items() if n != name and st.base_n >= _MIN_BASE_SAMPLES]
+        if state.base_n >= _MIN_BASE_SAMPLES and state.base > 0 and bases:
+            factor = max(factor, state.base / statistics.median(bases))
+        return median * min(4.0, max(1.0, factor))
 
     def _fleet_median(self, value: Callable[[_State], float | None], default: float) -> float:
         known = [v for v in map(value, self._states.values()) if v is not None]
