@@ -99,10 +99,25 @@ def test_affinity_counts_the_cache_hit_saving() -> None:
 def test_affinity_preference_ranges_over_peers_not_just_candidates() -> None:
     key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
     lb = LeastBusy(affinity=True)
-    # "a" is full (not a candidate): override, but the mapping did not move to another instance.
+    # "a" is full (not a candidate): override; the preferred instance was "a", not the best of the rest.
     choice = lb.choose(req(key=key), [v for v in fleet() if v.name != "a"], NAMES)
     assert choice is not None and choice.reason == "affinity_override"
-    assert lb.choose(req(key=key), fleet(), NAMES) == Send("a", "affinity_hit")
+    assert LeastBusy(affinity=True).choose(req(key=key), fleet(), NAMES) == Send("a", "affinity_hit")
+    # Where the key went, it is held now (that instance has the prefix; "a" was never sent it).
+    assert lb.choose(req(key=key), fleet(), NAMES) == Send(choice.instance, "affinity_hit")
+
+
+def test_a_key_that_lives_elsewhere_is_not_sent_back_to_its_hashed_instance_cold() -> None:
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    lb = LeastBusy(affinity=True, affinity_slack=0.5)
+    away = lb.choose(req(4096, key, 2000), fleet(a=30_000), NAMES)  # "a" 3 s behind: goes elsewhere
+    assert away is not None and away.instance != "a"
+    # "a" is idle again and the holder a little busy: the holder still wins (a hit against a cold prefill).
+    views = [
+        InstanceView(n, inflight=1, prefill_tokens=1000) if n == away.instance else InstanceView(n)
+        for n in NAMES
+    ]
+    assert lb.choose(req(4096, key, 2000), views, NAMES) == Send(away.instance, "affinity_hit")
 
 
 def test_without_affinity_prefix_keys_are_ignored() -> None:

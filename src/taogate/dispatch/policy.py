@@ -17,23 +17,25 @@ them to ``Policy.choose``; a policy only ranks. Two policies:
   flight, rotating by name among equals, so an idle fleet, or a burst of cache hits that costs no
   queued prefill, spreads evenly instead of feeding the first or fastest-looking instance.
 
-**Prefix affinity** (``LeastBusy(affinity=True)``). A request with a prefix key prefers the instance
-rendezvous hashing maps the key to, over *every* eligible instance (so the mapping does not move
-while an instance is merely full). Each candidate is costed with the hit it is expected to get
-there. When the cheapest candidate already holds the prefix (the preferred one, or one the key
-spread to, see below), it is taken (``affinity_hit``): the slack protects a cache hit against a
-cold instance, and there is none to protect. Otherwise the preferred instance is followed while it
-has room and its expected time, counting the hit, is within ``affinity_slack`` seconds of the best;
-failing that, the best (``affinity_override``). The slack is only for keys this policy has seen
-before: a key seen for the first time may be unique (in mixed traffic every prompt starts
-differently), and following each one's hashed instance within the slack would place long prompts
-at random; it is still costed with its hit on the preferred instance, which another gateway may
-have warmed.
+**Prefix affinity** (``LeastBusy(affinity=True)``). The policy remembers, per prefix key, the few
+instances it recently sent that key to (bounded LRU): those hold the prefix. A key it has never
+seen is assumed held by the instance rendezvous hashing maps it to, over *every* eligible instance
+(so the mapping does not move while an instance is merely full, and another gateway replica, which
+hashes alike, may have warmed it). Each candidate is costed with the hit it is expected to get there.
+
+* The cheapest candidate holds the prefix: take it (``affinity_hit``).
+* Otherwise the cheapest holder is followed if its expected time, counting the hit, is within
+  ``affinity_slack`` seconds of the best (``affinity_hit``); failing that, the best
+  (``affinity_override``), which from then on holds the prefix too.
+* The slack is only for keys seen before: a key seen for the first time may be unique (in mixed
+  traffic every prompt starts differently), and following each one's hashed instance within the
+  slack would place long prompts at random. It is still costed with its hit there.
+
 Load therefore decides once a key gets hot: the article's 64 requests that all share one long prefix
 spread over the fleet as queues build instead of piling onto one instance, as a purely cache-aware
-router would do. The policy also remembers, per key, the few instances it recently sent that key to
-(bounded LRU): an override to an instance that already holds the prefix is costed as a hit too, so a
-hot prefix spreads onto the instances that already have it cached.
+router would do, and once spread, each goes to the cheapest instance that already has it cached.
+A key is not assumed to be on its hashed instance once it lives elsewhere: assuming so sent it back
+there cold, one extra full prefill per key ((c): hit rate 0.91 against 0.93).
 """
 
 from __future__ import annotations
@@ -174,8 +176,9 @@ class LeastBusy:
         # A key seen before is worth bending load for (its next requests hit where it goes); one never
         # seen may be unique (every mixed-traffic prompt starts differently): the preferred instance is
         # still costed with the hit (another gateway may have warmed it) but gets no extra slack.
-        slack = self.affinity_slack if key in self._warm else 0.0
-        warm = {*self._warm.get(key, ()), preferred}
+        seen = self._warm.get(key)
+        slack = self.affinity_slack if seen else 0.0
+        warm = set(seen) if seen else {preferred}
         hit = max(0, min(req.prefix_tokens, req.prompt_tokens - 1))
         work = [expected_prefill(req.prompt_tokens, hit if v.name in warm else 0) for v in candidates]
         costs, ttfts = self._costs(req, candidates, work)
@@ -183,10 +186,11 @@ class LeastBusy:
         if best.name in warm:  # the cheapest already holds the prefix: nothing to protect
             self._remember(key, best.name)
             return Send(best.name, "affinity_hit")
-        for view, cost in zip(candidates, costs, strict=True):
-            if view.name == preferred and cost <= best_cost + slack:
-                self._remember(key, preferred)
-                return Send(preferred, "affinity_hit")
+        held = [(c, v.name) for v, c in zip(candidates, costs, strict=True) if v.name in warm]
+        if held and min(held)[0] <= best_cost + slack:
+            name = min(held)[1]
+            self._remember(key, name)
+            return Send(name, "affinity_hit")
         self._remember(key, best.name)
         return Send(best.name, "affinity_override")
 
