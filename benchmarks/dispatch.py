@@ -12,6 +12,13 @@ Prints one table per workload and the issue's targets next to the measured figur
 Everything is sized by flags; the defaults take about 2-3 minutes on 2 cores.
 
     .venv/bin/python benchmarks/dispatch.py [--requests 64] [--mixed-requests 300] [--json out.json]
+    .venv/bin/python benchmarks/dispatch.py --only a_on --rows least_busy   # one part, to iterate
+    .venv/bin/python benchmarks/dispatch.py --oracle 6 --only none   # (b) in virtual time, seconds
+
+``--oracle`` replays (b)'s arrivals on the emulator's engine model in virtual time (no HTTP, no CPU
+noise): the pooled bound, a dispatcher that knows the exact prefill left on every instance and sends
+each request where its first token comes soonest, and taogate's least_busy on views built from the
+true state. It says what any dispatcher could reach on this fleet, not what the gateway measured.
 """
 
 from __future__ import annotations
@@ -29,9 +36,21 @@ from rich.table import Table
 
 from taogate.bench import workloads
 from taogate.bench.render import plot_runs, run_payload, write_json
-from taogate.bench.report import compare, load_spread
-from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs, run_scenario
+from taogate.bench.report import compare, load_spread, percentile
+from taogate.bench.scenarios import (
+    Outcome,
+    Scenario,
+    fleet_capacity,
+    fleet_configs,
+    instance_capacity,
+    pooled_config,
+    run_scenario,
+)
+from taogate.dispatch.admission import decide
+from taogate.dispatch.policy import LeastBusy
+from taogate.dispatch.types import InstanceView, RequestFacts, Send
 from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.engine import Engine, EngineConfig, EngineRequest, StepPlan
 
 for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
     os.environ.pop(_name, None)
@@ -43,6 +62,7 @@ ROWS = (
     Scenario("pooled bound", "pooled"),
 )
 SLOW = 3
+PARTS = ("a_off", "a_on", "b", "c")
 
 
 def _f(value: float, fmt: str = ".2f") -> str:
@@ -64,11 +84,14 @@ async def run_rows(
     configs = fleet_configs(4, {SLOW: args.slow_factor}, prefix_caching=caching, base=base)
     out = []
     for row in ROWS:
+        if args.rows and row.label not in args.rows and row.kind != "pooled":
+            continue
         t = time.perf_counter()
         outcome = await run_scenario(row, wl, configs=configs, max_seconds=args.max_seconds)
+        counts = " ".join(f"{n}={s.count}" for n, s in sorted(outcome.summary.per_instance.items()))
         console.print(
             f"  {name}: {row.label} done in {time.perf_counter() - t:.1f}s "
-            f"({outcome.summary.ok}/{outcome.summary.requests} ok)"
+            f"({outcome.summary.ok}/{outcome.summary.requests} ok; {counts})"
         )
         out.append(outcome)
     return out
@@ -206,6 +229,127 @@ def targets(a_off: list[Outcome], a_on: list[Outcome], b: list[Outcome], c: list
     return t
 
 
+# --- (b) in virtual time: what a dispatcher that knows everything reaches -----------------------------
+
+
+class _Sim:
+    """One emulated engine stepped in virtual time, with the exact prefill left on each request."""
+
+    def __init__(self, name: str, config: EmulatorConfig) -> None:
+        self.name, self.config = name, config
+        self.engine = Engine(EngineConfig.from_emulator(config))
+        self.capacity = instance_capacity(config)
+        self.plan: StepPlan | None = None
+        self.plan_end = 0.0
+        self.left: dict[str, int] = {}  # request -> prefill tokens not done yet
+        self.booked: dict[str, int] = {}  # request -> whole prompt, until its first token
+        self.inflight: set[str] = set()
+
+    def start(self, now: float) -> None:
+        if self.plan is None:
+            self.plan = self.engine.schedule()
+            self.plan_end = now + (self.plan.duration if self.plan else 0.0)
+
+    def ttft_estimate(self, tokens: int) -> float:
+        """Exact prefill ahead (FIFO chunked prefill at full batches) plus this prompt."""
+        step = self.config.step_overhead * self.config.slowdown
+        return step + (sum(self.left.values()) + tokens) / self.capacity
+
+    def view(self) -> InstanceView:
+        """What the gateway would see with perfectly learned speed, fixed latency and decode pace."""
+        c = self.config
+        return InstanceView(
+            self.name,
+            inflight=len(self.inflight),
+            prefill_tokens=sum(self.booked.values()),
+            prefilling=len(self.booked),
+            decoding=len(self.inflight) - len(self.booked),
+            speed=self.capacity,
+            base_latency=c.step_overhead * c.slowdown,
+            decode_seconds_per_token=(c.step_overhead + 8 / c.decode_tokens_per_s) * c.slowdown,
+        )
+
+
+def _simulate(configs: list[EmulatorConfig], wl: workloads.Workload, how: str) -> tuple[float, float]:
+    """p99 TTFT and mean latency of ``wl`` (open loop) over ``configs`` in virtual time.
+
+    ``how``: "oracle" sends each request where its first token comes soonest given the exact prefill
+    left everywhere; "least_busy" asks taogate's own policy over views built from the true state.
+    """
+    sims = [_Sim(f"i{n}", c) for n, c in enumerate(configs)]
+    policy = LeastBusy()
+    arrivals = sorted(wl.requests, key=lambda r: r.at or 0.0)
+    sizes = {f"r{r.index}": r.approx_tokens + 8 for r in arrivals}  # "Request N of a mixed load. " + body
+    born: dict[str, float] = {}
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+    ids = iter(range(10**9))
+    i = 0
+    while i < len(arrivals) or any(s.plan for s in sims):
+        step_end = min((s.plan_end for s in sims if s.plan), default=math.inf)
+        if i < len(arrivals) and (arrivals[i].at or 0.0) <= step_end:
+            spec = arrivals[i]
+            i += 1
+            now, rid, size = spec.at or 0.0, f"r{spec.index}", sizes[f"r{spec.index}"]
+            if how == "oracle":
+                sim = min(sims, key=lambda s: s.ttft_estimate(size))
+            else:
+                facts = RequestFacts("m", size, long=size > 4096, max_tokens=spec.max_tokens)
+                sent = decide(facts, [s.view() for s in sims], policy)
+                assert isinstance(sent, Send)
+                sim = next(s for s in sims if s.name == sent.instance)
+            sim.engine.add(EngineRequest(rid, [next(ids) for _ in range(size)], spec.max_tokens))
+            born[rid] = now
+            sim.left[rid] = sim.booked[rid] = size
+            sim.inflight.add(rid)
+            sim.start(now)
+            continue
+        now = step_end
+        for sim in sims:
+            if sim.plan is None or sim.plan_end > now:
+                continue
+            for rid, chunk in sim.plan.prefill:
+                sim.left[rid] = sim.left.get(rid, 0) - chunk
+            for out in sim.engine.update(sim.plan):
+                if out.index == 0:
+                    first.setdefault(out.request_id, now)
+                    sim.left.pop(out.request_id, None)
+                    sim.booked.pop(out.request_id, None)
+                if out.finish_reason is not None:
+                    done[out.request_id] = now
+                    sim.inflight.discard(out.request_id)
+            sim.plan = None
+            sim.start(now)
+    ttfts = [first[r] - born[r] for r in born]
+    return percentile(ttfts, 99), sum(done[r] - born[r] for r in born) / len(born)
+
+
+def oracle_table(args: argparse.Namespace, rate: float) -> Table:
+    """(b) on the emulator's engine model in virtual time (no HTTP, no CPU): the pooled bound, a
+    dispatcher that knows every instance's exact prefill left, and taogate's policy on true state."""
+    configs = fleet_configs(4, {SLOW: args.slow_factor})
+    t = Table(
+        title="(b) in virtual time: p99 TTFT (and mean latency) x the pooled bound, per arrival seed",
+        title_justify="left",
+    )
+    for col in ("seed", "bound p99 s", "oracle: p99 x", "oracle: mean x", "least_busy: p99 x", "mean x"):
+        t.add_column(col, justify="right")
+    for seed in range(args.oracle):
+        wl = workloads.mixed(args.mixed_requests, rate, seed=seed)
+        p99, mean = _simulate([pooled_config(configs)], wl, "oracle")
+        o99, omean = _simulate(configs, wl, "oracle")
+        l99, lmean = _simulate(configs, wl, "least_busy")
+        t.add_row(
+            str(seed),
+            f"{p99:.3f}",
+            f"{o99 / p99:.2f}",
+            f"{omean / mean:.2f}",
+            f"{l99 / p99:.2f}",
+            f"{lmean / mean:.2f}",
+        )
+    return t
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     console = Console(width=150)
     configs = fleet_configs(4, {SLOW: args.slow_factor})
@@ -216,41 +360,59 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         f"{capacity:,.0f} tokens/s (from the emulator's cost model); pooled bound: one instance with the "
         "fleet's summed speeds, batch slots and KV cache"
     )
+    if args.oracle:
+        console.print(oracle_table(args, rate))
     t0 = time.perf_counter()
+    only = set(args.only)
     article = workloads.article(args.requests, args.concurrency, args.prompt_tokens, 16)
-    a_off = await run_rows(console, "(a) caching off", article, False, args)
-    a_on = await run_rows(console, "(a) caching on", article, True, args)
-    mixed = workloads.mixed(args.mixed_requests, rate, seed=args.seed)
-    console.print(
-        f"(b) mixed: {args.mixed_requests} requests at {rate:.1f}/s = {args.mixed_load:.0%} of capacity"
-    )
-    b = await run_rows(console, "(b) mixed", mixed, False, args)
-    shared = workloads.shared_prefix(args.shared_requests, args.concurrency, system_tokens=args.system_tokens)
-    # Optionally a KV cache too small to hold every system prompt on every instance (affinity matters more).
-    c_base = EmulatorConfig(kv_cache_tokens=args.kv_tokens) if args.kv_tokens else None
-    c = await run_rows(console, "(c) shared prefix", shared, True, args, c_base)
+    groups: dict[str, list[Outcome]] = {}
+    if "a_off" in only:
+        groups["a_off"] = await run_rows(console, "(a) caching off", article, False, args)
+    if "a_on" in only:
+        groups["a_on"] = await run_rows(console, "(a) caching on", article, True, args)
+    if "b" in only:
+        mixed = workloads.mixed(args.mixed_requests, rate, seed=args.seed)
+        console.print(
+            f"(b) mixed: {args.mixed_requests} requests at {rate:.1f}/s = {args.mixed_load:.0%} of capacity"
+        )
+        groups["b_mixed"] = await run_rows(console, "(b) mixed", mixed, False, args)
+    if "c" in only:
+        shared = workloads.shared_prefix(
+            args.shared_requests, args.concurrency, system_tokens=args.system_tokens
+        )
+        # Optionally a KV cache too small to hold every system prompt on every instance.
+        c_base = EmulatorConfig(kv_cache_tokens=args.kv_tokens) if args.kv_tokens else None
+        groups["c_shared"] = await run_rows(console, "(c) shared prefix", shared, True, args, c_base)
 
-    console.print(
-        article_table(
-            f"(a) the article's load, {args.requests} x ~{args.prompt_tokens} tokens, "
-            f"{args.concurrency} at a time, prefix caching OFF",
-            a_off,
-        )
+    title = (
+        f"(a) the article's load, {args.requests} x ~{args.prompt_tokens} tokens, "
+        f"{args.concurrency} at a time"
     )
-    console.print(article_table("(a) the same, prefix caching ON", a_on))
-    console.print(mixed_table(f"(b) mixed 80% ~200 / 20% ~8,000 tokens, Poisson {rate:.1f} req/s", b))
-    console.print(
-        shared_table(
-            f"(c) shared prefixes: 8 system prompts of ~{args.system_tokens} tokens, "
-            f"{args.shared_requests} questions, prefix caching on",
-            c,
+    if "a_off" in groups:
+        console.print(article_table(f"{title}, prefix caching OFF", groups["a_off"]))
+    if "a_on" in groups:
+        console.print(article_table("(a) the same, prefix caching ON", groups["a_on"]))
+    if "b_mixed" in groups:
+        console.print(
+            mixed_table(
+                f"(b) mixed 80% ~200 / 20% ~8,000 tokens, Poisson {rate:.1f} req/s", groups["b_mixed"]
+            )
         )
-    )
-    console.print(targets(a_off, a_on, b, c))
+    if "c_shared" in groups:
+        console.print(
+            shared_table(
+                f"(c) shared prefixes: 8 system prompts of ~{args.system_tokens} tokens, "
+                f"{args.shared_requests} questions, prefix caching on",
+                groups["c_shared"],
+            )
+        )
+    if len(groups) == len(PARTS) and not args.rows:
+        console.print(targets(groups["a_off"], groups["a_on"], groups["b_mixed"], groups["c_shared"]))
     console.print(f"total {time.perf_counter() - t0:.0f}s")
-    groups = {"a_off": a_off, "a_on": a_on, "b_mixed": b, "c_shared": c}
-    if args.plot:
-        plot_runs(Path(args.plot), [o.run for o in a_off], title="dispatch benchmark (a), caching off")
+    if args.plot and "a_off" in groups:
+        plot_runs(
+            Path(args.plot), [o.run for o in groups["a_off"]], title="dispatch benchmark (a), caching off"
+        )
         console.print(f"wrote {args.plot}")
     return {
         k: [run_payload(o.run, o.summary, hit_rate=o.cache_hit_rate) for o in v] for k, v in groups.items()
@@ -270,6 +432,26 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=2.5, help="slowdown of the slow instance")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=120.0, help="cap per run")
+    p.add_argument(
+        "--only",
+        type=lambda v: v.split(","),
+        default=list(PARTS),
+        help=f"comma-separated parts to run, of {','.join(PARTS)} (the targets table needs all of them)",
+    )
+    p.add_argument(
+        "--rows",
+        type=lambda v: v.split(","),
+        default=[],
+        help="comma-separated dispatch rows to run (the pooled bound always runs); default: all",
+    )
+    p.add_argument(
+        "--oracle",
+        type=int,
+        default=0,
+        metavar="SEEDS",
+        help="also run (b) in virtual time on the engine model for this many arrival seeds: the bound, "
+        "a dispatcher knowing every instance's exact prefill left, taogate's policy on true state",
+    )
     p.add_argument("--json", help="write every run (summaries and samples) here")
     p.add_argument("--plot", help="write a PNG of (a) caching off here")
     return p.parse_args()

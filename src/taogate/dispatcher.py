@@ -1,6 +1,6 @@
 """Admission: turn a pure dispatch decision into a held lease, or a bounded wait, or a refusal.
 
-``acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet:
+``acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet (``Fleet.views``):
 
 * ``Send``   → a Lease on that instance, at once;
 * ``Wait``   → every eligible instance is at its cap: join the bounded FIFO gateway queue. Whenever a

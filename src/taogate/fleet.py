@@ -128,7 +128,9 @@ class Fleet:
 
         The speed is the learned one, or lower when requests still waiting for their first token
         there prove it lower now (``speed_bound``): a cold or suddenly degraded card stops drawing
-        work before its slow samples complete.
+        work before its slow samples complete. Each view also carries the share of its prompt tokens
+        the instance's prefix cache recently left to prefill, which ``dispatch.load`` applies to the
+        work booked there.
         """
         speeds = self.speeds
         interval = self._settings.dispatch.scrape_interval
@@ -145,6 +147,7 @@ class Fleet:
                     interval,
                     base_latency=base,
                     decode_seconds_per_token=tpot,
+                    uncached_ratio=speeds.uncached_ratio(name),
                 )
             )
         return out

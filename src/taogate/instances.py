@@ -132,6 +132,7 @@ class Instance:
         *,
         base_latency: float = 0.0,
         decode_seconds_per_token: float = 0.0,
+        uncached_ratio: float = 1.0,
     ) -> InstanceView:
         # The scrape's EngineStats is built once per scrape; a view only checks that it is still fresh.
         stats = self._engine_stats
@@ -149,6 +150,7 @@ class Instance:
             speed=speed,
             base_latency=base_latency,
             decode_seconds_per_token=decode_seconds_per_token,
+            uncached_ratio=uncached_ratio,
             engine=engine,
             overflow=self.spec.overflow,
         )

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.load import LoadModel, expected_ttft, queued_tokens, slowdown
+from taogate.dispatch.load import (
+    LoadModel,
+    batch_factor,
+    decode_seconds,
+    expected_ttft,
+    queued_tokens,
+    slowdown,
+)
 from taogate.dispatch.types import EngineStats, InstanceView
 
 
@@ -98,3 +107,44 @@ def test_property_finite_nonnegative_and_monotone_in_work(
     )
     assert expected_ttft(more, prompt) > t
     assert expected_ttft(view, prompt + extra) > t
+
+
+def test_booked_work_counts_only_what_the_prefix_cache_leaves() -> None:
+    """Leases book whole prompts; the speed is learned per uncached token (the estimator discounts
+    the work ahead by the instance's uncached share), so the queue is discounted the same way:
+    otherwise a card whose prompts all hit the cache looks as busy as one prefilling them all."""
+    booked = InstanceView("a", speed=1000.0, inflight=4, prefill_tokens=4 * 4096)
+    assert queued_tokens(booked) == 4 * 4096  # nothing known about the cache: all of it
+    warm = InstanceView("a", speed=1000.0, inflight=4, prefill_tokens=4 * 4096, uncached_ratio=0.05)
+    assert queued_tokens(warm) == pytest.approx(0.05 * 4 * 4096)
+    assert queued_tokens(InstanceView("a", prefill_tokens=100, uncached_ratio=7.0)) == 100  # clamped
+    assert queued_tokens(InstanceView("a", prefill_tokens=100, uncached_ratio=-1.0)) == 0
+    foreign = InstanceView("a", uncached_ratio=0.1, engine=EngineStats(waiting=2, running=0))
+    assert queued_tokens(foreign, LoadModel(typical_prompt_tokens=1000.0)) == 2000  # not ours: not discounted
+
+
+def test_each_sequence_sharing_the_steps_slows_the_decode_a_little() -> None:
+    model = LoadModel(decode_batch_ref=64.0)
+    idle = InstanceView("a", decode_seconds_per_token=0.02)
+    assert batch_factor(idle, model) == 1.0
+    assert decode_seconds(idle, 16, model) == pytest.approx(16 * 0.02)
+    ours = InstanceView("a", inflight=16, decoding=16, decode_seconds_per_token=0.02)
+    assert batch_factor(ours, model) == pytest.approx(1.25)
+    assert decode_seconds(ours, 16, model) == pytest.approx(16 * 0.02 * 1.25)
+    # The engine's own count covers other gateways' sequences (running and waiting to run).
+    shared = InstanceView("a", inflight=2, engine=EngineStats(waiting=4, running=28))
+    assert batch_factor(shared, model) == pytest.approx(1.5)
+    assert batch_factor(ours, LoadModel(decode_batch_ref=0.0)) == 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(view=views, more=st.integers(1, 64), ratio=st.floats(0.0, 1.0))
+def test_property_the_decode_term_grows_with_the_batch_and_the_queue_with_the_uncached_share(
+    view: InstanceView, more: int, ratio: float
+) -> None:
+    busier = replace(view, inflight=view.inflight + more)
+    assert batch_factor(busier) > batch_factor(view) or view.engine is not None
+    assert batch_factor(busier) >= batch_factor(view) >= 1.0
+    discounted = replace(view, uncached_ratio=ratio)
+    assert queued_tokens(discounted) <= queued_tokens(view)
+    assert expected_ttft(discounted, 100) <= expected_ttft(view, 100)

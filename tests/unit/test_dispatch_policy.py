@@ -99,10 +99,25 @@ def test_affinity_counts_the_cache_hit_saving() -> None:
 def test_affinity_preference_ranges_over_peers_not_just_candidates() -> None:
     key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
     lb = LeastBusy(affinity=True)
-    # "a" is full (not a candidate): override, but the mapping did not move to another instance.
+    # "a" is full (not a candidate): override; the preferred instance was "a", not the best of the rest.
     choice = lb.choose(req(key=key), [v for v in fleet() if v.name != "a"], NAMES)
     assert choice is not None and choice.reason == "affinity_override"
-    assert lb.choose(req(key=key), fleet(), NAMES) == Send("a", "affinity_hit")
+    assert LeastBusy(affinity=True).choose(req(key=key), fleet(), NAMES) == Send("a", "affinity_hit")
+    # Where the key went, it is held now (that instance has the prefix; "a" was never sent it).
+    assert lb.choose(req(key=key), fleet(), NAMES) == Send(choice.instance, "affinity_hit")
+
+
+def test_a_key_that_lives_elsewhere_is_not_sent_back_to_its_hashed_instance_cold() -> None:
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    lb = LeastBusy(affinity=True, affinity_slack=0.5)
+    away = lb.choose(req(4096, key, 2000), fleet(a=30_000), NAMES)  # "a" 3 s behind: goes elsewhere
+    assert away is not None and away.instance != "a"
+    # "a" is idle again and the holder a little busy: the holder still wins (a hit against a cold prefill).
+    views = [
+        InstanceView(n, inflight=1, prefill_tokens=1000) if n == away.instance else InstanceView(n)
+        for n in NAMES
+    ]
+    assert lb.choose(req(4096, key, 2000), views, NAMES) == Send(away.instance, "affinity_hit")
 
 
 def test_without_affinity_prefix_keys_are_ignored() -> None:
@@ -176,3 +191,49 @@ def test_property_round_robin_cycles_evenly(views: list[InstanceView], rounds: i
     rr = RoundRobin()
     counts = Counter(c.instance for c in (rr.choose(req(), views) for _ in range(rounds * len(views))) if c)
     assert counts == {v.name: rounds for v in views}
+
+
+def test_near_ties_go_to_the_instance_holding_fewest_requests() -> None:
+    """When the estimates cannot tell instances apart (cache hits, tiny prompts: no queued work),
+    the one with fewer requests in flight takes the next, so decode batches stay even instead of
+    following the noise between learned speeds."""
+    views = [
+        InstanceView("a", inflight=3, decoding=3, speed=10_000.0),
+        InstanceView("b", inflight=1, decoding=1, speed=9_700.0),  # not the cheapest, but tied
+        InstanceView("c", inflight=2, decoding=2, speed=10_000.0),
+    ]
+    lb = LeastBusy()
+    assert [lb.choose(req(40), views) for _ in range(3)] == [Send("b", "least_load")] * 3
+    far = [InstanceView("a", speed=10_000.0), InstanceView("b", inflight=0, speed=5_000.0)]
+    assert LeastBusy().choose(req(4096), far) == Send("a", "least_load")  # 2x the work is no tie
+
+
+def test_affinity_takes_the_cheapest_instance_already_holding_the_prefix() -> None:
+    """Slack protects a cache hit against a cold instance; when the cheapest candidate holds the
+    prefix too (the key spread there under load), there is nothing to protect: take it."""
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    lb = LeastBusy(affinity=True, affinity_slack=10.0)
+    first = lb.choose(req(4096, key, 4000), [v for v in fleet() if v.name != "a"], NAMES)
+    assert first is not None and first.reason == "affinity_override"  # "a" full: the key spreads
+    spread = first.instance
+    busy_a = fleet(a=8000)  # "a" holds the prefix too, but has 8,000 tokens queued
+    assert lb.choose(req(4096, key, 4000), busy_a, NAMES) == Send(spread, "affinity_hit")
+    # Against cold instances only, the preferred one is still followed within the slack.
+    cold = LeastBusy(affinity=True, affinity_slack=10.0)
+    assert cold.choose(req(4096, key, 4000), fleet(), NAMES) == Send("a", "affinity_hit")
+    assert cold.choose(req(4096, key, 4000), busy_a, NAMES) == Send("a", "affinity_hit")
+
+
+def test_a_key_never_seen_gets_no_slack() -> None:
+    """Every mixed-traffic prompt starts differently: following each one's hashed instance within the
+    slack (0.5 s by default) placed long prompts at random, and the TTFT tail with them. A key seen
+    for the first time is costed with its hit on the preferred instance, but bends nothing more."""
+    key = next(k for k in range(1000) if rendezvous(k, NAMES) == "a")
+    busy_a = fleet(a=8000)  # 0.8 s of queue at 10k tokens/s
+    lb = LeastBusy(affinity=True, affinity_slack=10.0)
+    first = lb.choose(req(8000, key, 256), busy_a, NAMES)
+    assert first is not None and first.instance != "a" and first.reason == "affinity_override"
+    # Once seen, the key is worth keeping where it is: its preferred instance gets the slack again.
+    again = LeastBusy(affinity=True, affinity_slack=10.0)
+    assert again.choose(req(8000, key, 256), fleet(), NAMES) == Send("a", "affinity_hit")
+    assert again.choose(req(8000, key, 256), busy_a, NAMES) == Send("a", "affinity_hit")

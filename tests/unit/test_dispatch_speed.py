@@ -224,3 +224,32 @@ def test_rebuild_every_defers_learned_speeds_but_not_fleet_changes() -> None:
     exact = SpeedEstimator()  # the default: every read sees every sample
     exact.observe_first_token("a", ttft=0.1, ahead_tokens=0, uncached_tokens=4000)
     assert exact.speed("a") != SpeedEstimator().speed("a")
+
+
+def test_decode_pace_before_any_sample_follows_the_fixed_latency() -> None:
+    """Before a card has streamed a completion, its decode pace is the fleet's, scaled by how much
+    slower its fixed latency is (every engine step is slower on a slow card): otherwise a 2.5x slow
+    card looks as quick as the others for every cache hit and short prompt until its first answer."""
+    est = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02)
+    for _ in range(3):
+        for name, base in (("a", 0.02), ("b", 0.02), ("c", 0.05)):
+            est.observe_first_token(name, ttft=base, ahead_tokens=0, uncached_tokens=10)
+    assert est.decode_seconds_per_token("a") == pytest.approx(0.02)
+    assert est.decode_seconds_per_token("c") == pytest.approx(0.02 * 2.5)
+    assert est.decode_seconds_per_token("unknown") == pytest.approx(0.02)
+    est.observe_completion(
+        "c", duration=0.05 + 9 * 0.03, completion_tokens=10, ahead_tokens=0, uncached_tokens=10, ttft=0.05
+    )
+    assert est.decode_seconds_per_token("c") == pytest.approx(0.02 + 0.2 * (0.03 - 0.02))  # its own now
+    # The warm-up's one prefill is enough: a card that prefilled at 40% of the others' speed is
+    # costed at 2.5x their decode pace until it streams a completion itself.
+    warmed = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02)
+    for name, seconds in (("a", 0.2), ("b", 0.2), ("c", 0.5)):
+        warmed.observe_first_token(name, ttft=seconds, ahead_tokens=0, uncached_tokens=2048)
+    assert 0.02 * 2.0 < warmed.decode_seconds_per_token("c") <= 0.02 * 2.5 * 1.01  # one sample: near 2.5x
+    assert warmed.decode_seconds_per_token("a") == pytest.approx(0.02)
+    quick = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02)
+    for _ in range(3):
+        for name, base in (("a", 0.05), ("b", 0.05), ("c", 0.01)):
+            quick.observe_first_token(name, ttft=base, ahead_tokens=0, uncached_tokens=10)
+    assert quick.decode_seconds_per_token("c") == pytest.approx(0.02)  # never scaled down

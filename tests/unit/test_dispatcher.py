@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.types import RequestFacts
+from taogate.dispatch.types import RequestFacts, Send
 from taogate.dispatcher import Dispatcher
 from taogate.fleet import Fleet, specs_from_settings
 from taogate.settings import InstanceSettings, Settings
@@ -55,3 +56,39 @@ async def test_a_cancelled_waiter_gives_a_handed_over_slot_back() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert (inst.inflight, len(inst.pending), d.queued) == (0, 0, 0)
+
+
+def test_dispatch_sees_how_much_of_each_instance_s_booked_work_the_cache_leaves() -> None:
+    """The views handed to the policy carry the speed estimator's uncached share per instance."""
+    s = Settings(
+        instances=[
+            InstanceSettings(url="http://127.0.0.1:9", name="a"),
+            InstanceSettings(url="http://127.0.0.1:8", name="b"),
+        ]
+    )
+    fleet = Fleet(s, SpeedEstimator())
+    fleet.apply(s, specs_from_settings(s, {}))
+    for inst in fleet:
+        inst.health.record(True, 0.0)
+    for _ in range(8):  # "a" answers from its prefix cache: 40 of 4,096 tokens left to prefill
+        fleet.speeds.observe_first_token(
+            "a", ttft=0.1, ahead_tokens=0, uncached_tokens=40, prompt_tokens=4096
+        )
+    seen: list[dict[str, float]] = []
+
+    class Spy:
+        name = "spy"
+
+        def choose(self, req: RequestFacts, candidates: Any, peers: Any = ()) -> Send | None:
+            seen.append({v.name: v.uncached_ratio for v in candidates})
+            return Send(candidates[0].name, "least_load")
+
+    d = Dispatcher(fleet, Spy(), queue_size=10, queue_timeout=1.0, clock=time.monotonic)
+    assert d.could_send(FACTS, frozenset())
+    asyncio.run(_acquire_and_release(d))
+    assert seen and seen[0]["b"] == 1.0 and seen[0]["a"] < 0.05
+
+
+async def _acquire_and_release(d: Dispatcher) -> None:
+    lease, _, _ = await d.acquire(FACTS)
+    lease.release()

@@ -4,21 +4,33 @@ Least-busy means least *work*: a 4,096-token prefill is not a 50-token one, and 
 the same work more slowly. For a request expected to cost ``P`` prefill tokens on instance ``i``
 (``expected_prefill``: its prompt, less a prefix the instance is known to hold)::
 
-    queued  = prefill_tokens_i                                 # our outstanding prefill, instant
+    queued  = prefill_tokens_i * uncached_i                    # our outstanding prefill, instant
             + max(0, engine.waiting - prefilling_i) * typical   # queued there by others (other replicas)
     slow    = 1 + decode_weight * running_i / step_tokens      # decodes take a token of every step
             * (1 + kv_penalty * ((kv - kv_threshold) / (1 - kv_threshold))**2   if kv > kv_threshold)
     ttft_i  = base_i + (queued + P) * slow / speed_i
-    end_i   = ttft_i + min(max_tokens, decode_horizon) * tpot_i          # expected_latency
+    batch   = 1 + n_i / decode_batch_ref                       # sequences sharing each step
+    end_i   = ttft_i + min(max_tokens, decode_horizon) * tpot_i * batch   # expected_latency
 
 * ``base_i`` is the instance's fixed latency (an engine step, HTTP): small, but 2.5× larger on a 2.5×
   slow card, and the only sign of it when every prompt is a prefix-cache hit.
 * ``prefill_tokens_i`` books our requests' whole prompts (see ``policy``: booking only the uncached
   part let one warm instance take a whole cached burst); ``P`` alone is net of a known warm prefix.
+  ``uncached_i`` is the share of the instance's recent prompt tokens its prefix cache did not cover
+  (``SpeedEstimator.uncached_ratio``, 1 until responses say otherwise). ``speed_i`` is learned per
+  *uncached* token (the estimator discounts the work booked ahead the same way), so the booked queue
+  is discounted to match: undiscounted, an instance whose prompts all hit the cache looked as busy as
+  one prefilling every token, and on the article's cached load a 2.5× slow card drew requests that
+  took it 3× longer than a warm fast one (measured).
 * ``tpot_i`` (learned seconds per output token) makes the decode part count: when prefill is cheap
   (cache hits, short prompts) the request's latency is its decode, and a slow card decodes slowly
   too. Only the first ``decode_horizon`` tokens are counted: ``max_tokens`` is a limit, not a
   forecast, and the term is there to rank instances, not to predict long generations.
+* ``batch`` (``batch_factor``): every engine step carries one token of each sequence it runs, so a
+  step takes longer the more share it; ``n_i`` is our requests there, or what its engine reports
+  running and waiting if more. ``decode_batch_ref`` (64) is modest on purpose (the emulator's step
+  doubles at ~38 sequences, a large model's at more); it is what spreads a burst of cache hits or
+  tiny prompts, which cost no queued prefill, evenly instead of by the noise between learned speeds.
 
 * ``prefill_tokens_i`` and ``prefilling_i`` are our own requests with no first token yet (tokens and
   count). They cover the gap between scrapes: a burst dispatched within one scrape interval sees
@@ -48,6 +60,7 @@ from .types import InstanceView
 __all__ = [
     "DEFAULT_LOAD",
     "LoadModel",
+    "batch_factor",
     "decode_seconds",
     "expected_latency",
     "expected_prefill",
@@ -67,6 +80,7 @@ class LoadModel:
     kv_threshold: float = 0.9  # KV-cache usage above which preemption looms
     kv_penalty: float = 10.0  # extra slowdown factor at 100 % KV usage
     decode_horizon: int = 16  # output tokens counted in expected_latency (0: TTFT only)
+    decode_batch_ref: float = 64.0  # sequences sharing the steps that double a step's time (0: off)
 
 
 DEFAULT_LOAD = LoadModel()
@@ -74,7 +88,7 @@ DEFAULT_LOAD = LoadModel()
 
 def queued_tokens(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     """Prefill tokens ahead of a new request on this instance (ours exactly, others' estimated)."""
-    queued = float(max(0, view.prefill_tokens))
+    queued = float(max(0, view.prefill_tokens)) * min(1.0, max(0.0, view.uncached_ratio))
     if view.engine is not None:
         foreign = max(0.0, view.engine.waiting - view.own_prefilling)
         queued += foreign * model.typical_prompt_tokens
@@ -118,7 +132,22 @@ def decode_seconds(
 ) -> float:
     """Expected seconds to decode the first ``min(max_tokens, decode_horizon)`` tokens on ``view``."""
     horizon = model.decode_horizon if max_tokens is None else min(max(0, max_tokens), model.decode_horizon)
-    return horizon * max(0.0, view.decode_seconds_per_token)
+    return horizon * max(0.0, view.decode_seconds_per_token) * batch_factor(view, model)
+
+
+def batch_factor(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
+    """Factor (≥ 1) by which the sequences already sharing this instance's steps slow one more.
+
+    Every engine step carries one token of each running sequence, so a step takes longer the more
+    sequences share it (memory traffic for their KV, the sampler): ``1 + n / decode_batch_ref``, with
+    ``n`` our requests there, or what its engine reports running and waiting if that is more.
+    """
+    if model.decode_batch_ref <= 0:
+        return 1.0
+    n = float(max(0, view.inflight))
+    if view.engine is not None:
+        n = max(n, view.engine.running + view.engine.waiting)
+    return 1.0 + n / model.decode_batch_ref
 
 
 def expected_latency(

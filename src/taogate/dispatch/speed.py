@@ -207,7 +207,7 @@ class SpeedEstimator:
             name: (
                 speeds[name],
                 st.base if st.base_n > 0 else base_median,
-                st.tpot if st.tpot_n > 0 else tpot_median,
+                st.tpot if st.tpot_n > 0 else self._unknown_tpot(name, st, tpot_median),
             )
             for name, st in self._states.items()
         }
@@ -397,12 +397,29 @@ class SpeedEstimator:
         return self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
 
     def decode_seconds_per_token(self, name: str) -> float:
-        """Learned seconds per output token; the fleet's median until this instance has a sample."""
+        """Learned seconds per output token. Until this instance has streamed a completion: the
+        fleet's median, scaled up by how much slower the card has shown itself otherwise (its
+        learned prefill speed against the others', or its fixed latency against theirs; at most
+        4x, never scaled down): a card whose every engine step is slower decodes slower too, and
+        before its first answer (the warm-up's prefill, cache hits) that is the only sign of it."""
         self._fresh()
         params = self._params.get(name)
         if params is not None:
             return params[2]
         return self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
+
+    def _unknown_tpot(self, name: str, state: _State, median: float) -> float:
+        """``decode_seconds_per_token`` of an instance without a decode sample (see there); reads
+        the speeds ``_refresh`` has just set."""
+        speeds = self._speeds
+        factor = 1.0
+        others = [speeds[n] / st.weight for n, st in self._states.items() if n != name and st.evidence > 0]
+        if state.evidence > 0 and others:
+            factor = statistics.median(others) / max(speeds[name] / state.weight, 1e-9)
+        bases = [st.base for n, st in self._states.items() if n != name and st.base_n >= _MIN_BASE_SAMPLES]
+        if state.base_n >= _MIN_BASE_SAMPLES and state.base > 0 and bases:
+            factor = max(factor, state.base / statistics.median(bases))
+        return median * min(4.0, max(1.0, factor))
 
     def _fleet_median(self, value: Callable[[_State], float | None], default: float) -> float:
         known = [v for v in map(value, self._states.values()) if v is not None]

@@ -46,6 +46,7 @@ class InstanceView:
     speed: float = 10_000.0  # learned prefill tokens/s (relative values matter)
     base_latency: float = 0.0  # fixed part of a TTFT here (seconds): what even a tiny prompt waits
     decode_seconds_per_token: float = 0.0  # learned decode pace (0: unknown, no decode term)
+    uncached_ratio: float = 1.0  # recent share of its prompt tokens the prefix cache did not cover
     engine: EngineStats | None = None  # None: never scraped, or too stale to trust
     overflow: bool = False  # the optional overflow channel, used only when primaries are full
 
