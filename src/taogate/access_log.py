@@ -6,6 +6,7 @@ Never the key, never a body: only what dispatch decided and what it cost.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -57,13 +58,17 @@ _FIELDS = (
 )
 
 
+_UNSAFE = re.compile(r'[ "=]')
+_ROUNDED = frozenset({"ttfb", "duration", "queue_wait"})
+
+
 def _text(value: object) -> str:
     """A value for the text format: client-supplied strings (model, tag) are cut and quoted when they
     hold spaces, quotes or line breaks, so one request is always exactly one parseable line."""
     if not isinstance(value, str):
         return str(value)
     value = value[:128]
-    if value and value.isprintable() and not any(c in value for c in ' "='):
+    if value and value.isprintable() and _UNSAFE.search(value) is None:
         return value
     return orjson.dumps(value).decode()
 
@@ -73,13 +78,21 @@ class AccessLog:
         self.fmt = fmt
 
     def line(self, rec: RequestRecord) -> str:
-        fields = {k: v for k in _FIELDS if (v := getattr(rec, k)) is not None}
-        for k in ("ttfb", "duration", "queue_wait"):
-            if k in fields:
-                fields[k] = round(fields[k], 4)
         if self.fmt == "json":
+            fields = {k: v for k in _FIELDS if (v := getattr(rec, k)) is not None}
+            for k in _ROUNDED:
+                if k in fields:
+                    fields[k] = round(fields[k], 4)
             return orjson.dumps(fields).decode()
-        return " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+        parts = []
+        for k in _FIELDS:
+            v = getattr(rec, k)
+            if v is None:
+                continue
+            if k in _ROUNDED:
+                v = round(v, 4)
+            parts.append(f"{k}={_text(v)}")
+        return " ".join(parts)
 
     def emit(self, rec: RequestRecord) -> None:
         if log.isEnabledFor(logging.INFO):

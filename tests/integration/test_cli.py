@@ -102,6 +102,9 @@ async def test_serve_runs_as_a_process_reloads_on_sighup_and_stops_on_sigterm(
                 await asyncio.sleep(0.1)
             rows = (await h.get(base + "/admin/instances")).json()["instances"]
             assert [r["name"] for r in rows] == ["a"]
+            body = {"model": "emulated-model", "prompt": "hi", "max_tokens": 1}
+            r = await h.post(base + "/v1/completions", json=body, headers={"x-request-id": "cli-access-1"})
+            assert r.status_code == 200
             cfg.write_text(cfg.read_text() + f'[[instances]]\nurl = "{urls[1]}"\nname = "b"\n')
             proc.send_signal(signal.SIGHUP)
             for _ in range(50):
@@ -122,3 +125,5 @@ async def test_serve_runs_as_a_process_reloads_on_sighup_and_stops_on_sigterm(
     assert b"Application shutdown complete" in err
     assert b"reload refused, the running config stays" in err
     assert b"httpx" not in err  # probes are not logged one by one
+    # The access line, batched in its own buffer, is flushed by the shutdown before the signal ends it.
+    assert b"taogate.access: request_id=cli-access-1 route=completions" in err
