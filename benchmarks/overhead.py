@@ -338,7 +338,12 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             common: dict[str, Any] = {"concurrency": args.concurrency, "emulator_pid": emu.pid}
 
             async def tiny(
-                name: str, target: list[str], pid: int | None, hdrs: dict[str, str], n: int
+                name: str,
+                target: list[str],
+                pid: int | None,
+                hdrs: dict[str, str],
+                n: int,
+                rate: float | None = None,
             ) -> Phase:
                 return await run_phase(
                     http,
@@ -349,23 +354,13 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     max_tokens=1,
                     headers=hdrs,
                     gateway_pid=pid,
+                    rate=rate,
                     **common,
                 )
 
             async def paced(name: str, target: list[str], pid: int | None, hdrs: dict[str, str]) -> Phase:
                 n = max(1, int(args.paced_rate * args.paced_seconds))
-                return await run_phase(
-                    http,
-                    name,
-                    target,
-                    count=n,
-                    stream=False,
-                    max_tokens=1,
-                    headers=hdrs,
-                    gateway_pid=pid,
-                    rate=args.paced_rate,
-                    **common,
-                )
+                return await tiny(name, target, pid, hdrs, n, rate=args.paced_rate)
 
             async def streams(name: str, target: list[str], pid: int | None, hdrs: dict[str, str]) -> Phase:
                 return await run_phase(
