@@ -167,7 +167,7 @@ class Response:
             if self._error is not None:
                 raise self._error
             if self.complete:
-                self._done()
+                self.close()  # read to the end: the connection goes back to the pool at once
                 return
             await self._wait()
 
@@ -205,10 +205,6 @@ class Response:
         if self._error is None and not self.complete:
             self._error = error
         self._wake()
-
-    def _done(self) -> None:
-        # Read to the end: the connection goes back to the pool right away (close() then no-ops).
-        self.close()
 
 
 class _Conn(asyncio.Protocol):
@@ -320,8 +316,10 @@ class _Conn(asyncio.Protocol):
         r = Response(self)
         self.response = r
         self.last_read = self.loop.time()
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
+        if len(body) < 65536:  # one write; a large body is not copied to be joined
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
             self.transport.write(body)
         return r
 

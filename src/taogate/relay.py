@@ -18,7 +18,7 @@ class IdleGuard:
     ``stall`` seconds (``stalled``: a client that keeps its connection open but reads nothing would
     otherwise hold its instance slot for ever).
 
-    The relay calls ``sending_started()`` / ``sent()`` around each chunk (a float store each); a
+    The relay calls ``sending_started()`` / ``sent()`` around each chunk (a clock read each); a
     single timer re-arms itself instead of being rescheduled per chunk. Time spent blocked sending
     does not count as the instance's silence.
     """
@@ -52,9 +52,6 @@ class IdleGuard:
 
     def sent(self) -> None:
         self.send_started = None
-        self.last = self._loop.time()
-
-    def touch(self) -> None:
         self.last = self._loop.time()
 
     def _check(self) -> None:
