@@ -9,7 +9,7 @@ dispatch decision.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from taogate.access_log import AccessLog, RequestRecord
 from taogate.dispatch.speed import SpeedEstimator
@@ -20,10 +20,12 @@ from taogate.instances import Lease
 from taogate.metrics import GatewayMetrics
 from taogate.relay import usage_counts
 
-#: The token estimate converges within a few dozen observations per model; past that, learn from
-#: one request in this many (its least-squares update is the costliest step after a response).
-CALIBRATE_EVERY = 8
+#: The token estimate converges within a few dozen observations per model; past that, a model's
+#: estimate learns from at most one response per this many seconds (its least-squares update, ~100 µs,
+#: is the costliest step after a response: at 1,500 requests/s, one in eight still cost ~12 µs per
+#: request, measured with benchmarks/overhead.py). Slow traffic still calibrates from every response.
 CALIBRATE_WARMUP = 64
+CALIBRATE_INTERVAL = 0.05
 
 
 @dataclass(slots=True)
@@ -35,18 +37,24 @@ class Accounting:
     access: AccessLog
     clock: Callable[[], float]
     long_tag: str
-    _seen: int = 0
+    _calibrated: dict[str, float] = field(default_factory=dict)  # model → when it last learned
 
     def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
         """Calibrate the token estimate and the instance's speed from a successful response."""
         prompt, completion, cached = usage_counts(rec.usage)
         rec.prompt_tokens = prompt
         rec.completion_tokens = completion
-        if prompt is not None and facts.model is not None:
-            self._seen += 1
+        model = facts.model
+        if prompt is not None and model is not None:
+            now = self.clock()
             tokens = self.tokens
-            if self._seen % CALIBRATE_EVERY == 0 or tokens.observations(facts.model) < CALIBRATE_WARMUP:
-                tokens.observe(facts.model, size, prompt)
+            last = self._calibrated.get(model)
+            due = last is None or now - last >= CALIBRATE_INTERVAL
+            if due or tokens.observations(model) < CALIBRATE_WARMUP:
+                tokens.observe(model, size, prompt)
+                self._calibrated[model] = now
+                if len(self._calibrated) > len(tokens):  # models the estimator has evicted
+                    self._calibrated = {m: t for m, t in self._calibrated.items() if tokens.observations(m)}
         if rec.ttfb is None:
             return
         name = lease.instance.name
