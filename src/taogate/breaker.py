@@ -110,6 +110,8 @@ class Breaker:
 
     def allows(self, now: float) -> bool:
         """Would a request be let through now? Claims nothing."""
+        if self._state is BreakerState.CLOSED:
+            return True
         state = self.state(now)
         if state is BreakerState.CLOSED:
             return True

@@ -15,6 +15,7 @@ from typing import Any
 from taogate.dispatch.speed import SpeedEstimator, slow_instances
 from taogate.dispatch.types import InstanceView
 from taogate.instances import Instance, InstanceSpec
+from taogate.scrape import stale_after
 from taogate.settings import ConfigError, InstanceSettings, Settings
 
 log = logging.getLogger("taogate.fleet")
@@ -133,23 +134,17 @@ class Fleet:
         work booked there.
         """
         speeds = self.speeds
-        interval = self._settings.dispatch.scrape_interval
+        params = speeds.params
+        uncached = speeds.uncached_ratio
+        stale = stale_after(self._settings.dispatch.scrape_interval)
         out = []
         for inst in self._instances.values():
-            name = inst.name
-            speed, base, tpot = speeds.params(name)
+            name = inst.spec.name
+            speed, base, tpot = params(name)
             if inst.pending:
                 speed = min(speed, inst.speed_bound(now, tpot, base))
-            out.append(
-                inst.view(
-                    now,
-                    speed,
-                    interval,
-                    base_latency=base,
-                    decode_seconds_per_token=tpot,
-                    uncached_ratio=speeds.uncached_ratio(name),
-                )
-            )
+            view = inst.view(now, speed, stale, base_latency=base, tpot=tpot, uncached_ratio=uncached(name))
+            out.append(view)
         return out
 
     def any_room(self, now: float) -> bool:

@@ -2,7 +2,7 @@
 
 One ``Instance`` object per configured vLLM server is the only place its state lives: health,
 breaker, our in-flight work, the last engine scrape. Dispatch never reads it directly: it reads
-``Instance.view()``, a frozen snapshot (see dispatch/types.py).
+``Instance.view()``, a snapshot (see dispatch/types.py).
 
 A ``Lease`` is taken when a request is sent to an instance and holds its slot (in-flight count,
 outstanding prefill tokens) until the response body has been fully relayed, the client has gone
@@ -24,7 +24,7 @@ from taogate.breaker import Breaker
 from taogate.dispatch.speed import Pending, speed_bound
 from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.health import HealthState, HealthTracker
-from taogate.scrape import EngineSample, engine_stats, stale_after
+from taogate.scrape import EngineSample, engine_stats
 from taogate.window import RollingWindow
 
 #: Seconds an instance's speed bound from its pending requests is reused (see Instance.speed_bound).
@@ -92,7 +92,9 @@ class Instance:
 
     def available(self, now: float) -> bool:
         """Eligible for new work: healthy, breaker lets a request through, not draining."""
-        return self.up and not self.draining and self.breaker.allows(now)
+        if self.draining or not (self._assume_up or self.health.state is HealthState.UP):
+            return False
+        return self.breaker.allows(now)
 
     def record_scrape(self, sample: EngineSample, now: float) -> None:
         self.engine_prev = self.engine
@@ -128,31 +130,37 @@ class Instance:
         self,
         now: float,
         speed: float,
-        scrape_interval: float,
+        stale_after_s: float,
         *,
         base_latency: float = 0.0,
-        decode_seconds_per_token: float = 0.0,
+        tpot: float = 0.0,
         uncached_ratio: float = 1.0,
     ) -> InstanceView:
-        # The scrape's EngineStats is built once per scrape; a view only checks that it is still fresh.
+        """This instance as dispatch sees it now; the last scrape counts while younger than
+        ``stale_after_s`` (its EngineStats is built once per scrape, not per view)."""
         stats = self._engine_stats
-        engine = stats if stats is not None and now - self.engine_at <= stale_after(scrape_interval) else None
+        engine = stats if stats is not None and now - self.engine_at <= stale_after_s else None
+        spec = self.spec
+        inflight = self.inflight
+        prefilling = self.prefilling
+        # Positional, in InstanceView's field order (a test pins it): a dispatch builds one view per
+        # instance, and keyword arguments cost three times as much here (measured).
         return InstanceView(
-            name=self.spec.name,
-            role=self.spec.role,
-            models=self.models,
-            available=self.available(now),
-            inflight=self.inflight,
-            cap=self.spec.cap,
-            prefill_tokens=self.prefill_tokens,
-            prefilling=self.prefilling,
-            decoding=self.inflight - self.prefilling,
-            speed=speed,
-            base_latency=base_latency,
-            decode_seconds_per_token=decode_seconds_per_token,
-            uncached_ratio=uncached_ratio,
-            engine=engine,
-            overflow=self.spec.overflow,
+            spec.name,
+            spec.role,
+            self.models,
+            self.available(now),
+            inflight,
+            spec.cap,
+            self.prefill_tokens,
+            inflight - prefilling,
+            prefilling,
+            speed,
+            base_latency,
+            tpot,
+            uncached_ratio,
+            engine,
+            spec.overflow,
         )
 
 

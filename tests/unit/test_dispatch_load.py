@@ -12,6 +12,8 @@ from taogate.dispatch.load import (
     LoadModel,
     batch_factor,
     decode_seconds,
+    estimate,
+    expected_latency,
     expected_ttft,
     queued_tokens,
     slowdown,
@@ -148,3 +150,42 @@ def test_property_the_decode_term_grows_with_the_batch_and_the_queue_with_the_un
     discounted = replace(view, uncached_ratio=ratio)
     assert queued_tokens(discounted) <= queued_tokens(view)
     assert expected_ttft(discounted, 100) <= expected_ttft(view, 100)
+
+
+full_views = st.builds(
+    InstanceView,
+    name=st.just("a"),
+    inflight=st.integers(-2, 64),
+    decoding=st.integers(-2, 64),
+    prefilling=st.none() | st.integers(-2, 64),
+    prefill_tokens=st.integers(-10, 10**6),
+    speed=st.floats(0, 1e6),
+    base_latency=st.floats(-1, 5),
+    decode_seconds_per_token=st.floats(-0.1, 0.5),
+    uncached_ratio=st.floats(-1, 2),
+    engine=st.none()
+    | st.builds(
+        EngineStats,
+        waiting=st.floats(0, 1000),
+        running=st.floats(0, 1000),
+        kv_usage=st.none() | st.floats(0, 1),
+    ),
+)
+models = st.builds(
+    LoadModel,
+    decode_horizon=st.integers(0, 64),
+    decode_batch_ref=st.floats(-1, 0) | st.floats(1e-3, 128),
+    kv_threshold=st.floats(0, 0.99),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    view=full_views, prompt=st.floats(-10, 10**6), max_tokens=st.none() | st.integers(-5, 10**4), model=models
+)
+def test_property_the_one_pass_estimate_is_the_formula_term_by_term(
+    view: InstanceView, prompt: float, max_tokens: int | None, model: LoadModel
+) -> None:
+    ttft, latency = estimate(view, prompt, max_tokens, model)
+    assert ttft == pytest.approx(expected_ttft(view, prompt, model), rel=1e-12)
+    assert latency == pytest.approx(expected_latency(view, prompt, max_tokens, model), rel=1e-12)

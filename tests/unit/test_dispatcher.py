@@ -11,7 +11,7 @@ import pytest
 
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.types import RequestFacts, Send
+from taogate.dispatch.types import InstanceView, RequestFacts, Send
 from taogate.dispatcher import Dispatcher
 from taogate.fleet import Fleet, specs_from_settings
 from taogate.settings import InstanceSettings, Settings
@@ -92,3 +92,33 @@ def test_dispatch_sees_how_much_of_each_instance_s_booked_work_the_cache_leaves(
 async def _acquire_and_release(d: Dispatcher) -> None:
     lease, _, _ = await d.acquire(FACTS)
     lease.release()
+
+
+def test_an_instance_view_carries_each_value_in_its_named_field() -> None:
+    """Instance.view builds its InstanceView positionally (for speed): every field must land by name."""
+    s = Settings(instances=[InstanceSettings(url="http://127.0.0.1:9", name="a", max_queue=7, role="long")])
+    fleet = Fleet(s, SpeedEstimator())
+    fleet.apply(s, specs_from_settings(s, {}))
+    inst = next(iter(fleet))
+    inst.health.record(True, 0.0)
+    inst.models = frozenset({"m"})
+    inst.inflight, inst.prefilling, inst.prefill_tokens = 5, 2, 300
+    view = inst.view(1.0, 123.0, 10.0, base_latency=0.25, tpot=0.02, uncached_ratio=0.5)
+    expected = InstanceView(
+        name="a",
+        role="long",
+        models=frozenset({"m"}),
+        available=True,
+        inflight=5,
+        cap=7,
+        prefill_tokens=300,
+        decoding=3,
+        prefilling=2,
+        speed=123.0,
+        base_latency=0.25,
+        decode_seconds_per_token=0.02,
+        uncached_ratio=0.5,
+        engine=None,
+        overflow=False,
+    )
+    assert view == expected

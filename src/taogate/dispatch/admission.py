@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 
 from .policy import Policy
 from .types import Decision, InstanceView, Refuse, RequestFacts, Send, Wait
@@ -41,22 +40,25 @@ def decide(
     exclude: Collection[str] = frozenset(),
 ) -> Decision:
     """Send, Wait or Refuse for ``req`` over the fleet snapshot ``views`` (see the module docstring)."""
-    if req.model is not None and any(v.models for v in views) and not any(v.serves(req.model) for v in views):
+    model = req.model
+    if model is not None and any(v.models for v in views) and not any(v.serves(model) for v in views):
         return Refuse("model_not_found")
 
-    usable = [v for v in views if v.available and v.serves(req.model) and v.name not in exclude]
-    primaries = [v for v in usable if not v.overflow]
+    usable = [v for v in views if v.available and v.serves(model) and v.name not in exclude]
     own = ("long", "any") if req.long else ("short", "any")
+    primaries = [v for v in usable if not v.overflow]
     eligible = [v for v in primaries if v.role in own]
     fallback = False
     if not eligible and primaries:
         eligible, fallback = primaries, True
 
-    room = [v for v in eligible if v.has_room]
+    room = [v for v in eligible if v.inflight < v.cap]
     if room:
         send = policy.choose(req, room, [v.name for v in eligible])
         if send is not None:
-            return replace(send, channel_fallback=True) if fallback else send
+            if fallback:
+                send.channel_fallback = True
+            return send
 
     overflow = [v for v in usable if v.overflow]
     spare = [v for v in overflow if v.has_room]

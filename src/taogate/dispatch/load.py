@@ -48,7 +48,11 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
 * ``engine`` is ``None`` when never scraped or too stale (the gateway decides): then our own counts
   alone, which are exact for single-gateway deployments.
 
-Pure arithmetic over an ``InstanceView``, microseconds per call.
+Pure arithmetic over an ``InstanceView``. The policy calls ``estimate`` (TTFT and latency in one
+pass, for every candidate of every request); the small functions below it spell the same formula out
+term by term, and a property test holds the two equal. ``estimate`` is written flat on purpose:
+per-term calls and ``max``/``min`` built-ins made dispatch the costliest step of a proxied request
+(measured with benchmarks/overhead.py).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ __all__ = [
     "LoadModel",
     "batch_factor",
     "decode_seconds",
+    "estimate",
     "expected_latency",
     "expected_prefill",
     "expected_ttft",
@@ -84,6 +89,56 @@ class LoadModel:
 
 
 DEFAULT_LOAD = LoadModel()
+
+
+def estimate(
+    view: InstanceView, prompt_tokens: float, max_tokens: int | None = None, model: LoadModel = DEFAULT_LOAD
+) -> tuple[float, float]:
+    """(``expected_ttft``, ``expected_latency``) of a request costing ``prompt_tokens`` of prefill on
+    ``view``: the formula of the module docstring in one pass (the functions below, term by term)."""
+    # queued_tokens
+    ratio = view.uncached_ratio
+    ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
+    booked = view.prefill_tokens
+    queued = booked * ratio if booked > 0 else 0.0
+    decoding = view.decoding
+    running = float(decoding) if decoding > 0 else 0.0
+    inflight = view.inflight
+    n = float(inflight) if inflight > 0 else 0.0
+    kv = None
+    engine = view.engine
+    if engine is not None:
+        prefilling = view.prefilling
+        own = (inflight - decoding) if prefilling is None else prefilling
+        foreign = engine.waiting - (own if own > 0 else 0)
+        if foreign > 0:
+            queued += foreign * model.typical_prompt_tokens
+        if engine.running > running:  # noqa: PLR1730 (flat on purpose: see the module docstring)
+            running = engine.running
+        kv = engine.kv_usage
+        if engine.running + engine.waiting > n:  # noqa: PLR1730
+            n = engine.running + engine.waiting
+    # slowdown
+    factor = 1.0 + model.decode_weight * running / model.step_tokens
+    if kv is not None and kv > model.kv_threshold:
+        over = (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold)
+        over = 1.0 if over > 1.0 else over
+        factor *= 1.0 + model.kv_penalty * over * over
+    # expected_ttft
+    base = view.base_latency
+    speed = view.speed
+    work = queued + (prompt_tokens if prompt_tokens > 0 else 0.0)
+    ttft = (base if base > 0.0 else 0.0) + work * factor / (speed if speed > 1e-9 else 1e-9)
+    # decode_seconds with batch_factor
+    tpot = view.decode_seconds_per_token
+    if not tpot > 0.0:
+        return ttft, ttft
+    horizon = model.decode_horizon
+    if max_tokens is not None and max_tokens < horizon:
+        horizon = max_tokens if max_tokens > 0 else 0
+    ref = model.decode_batch_ref
+    batch = 1.0 + n / ref if ref > 0 else 1.0
+    return ttft, ttft + horizon * tpot * batch
 
 
 def queued_tokens(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:

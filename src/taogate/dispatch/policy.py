@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from .affinity import rendezvous
-from .load import DEFAULT_LOAD, LoadModel, decode_seconds, expected_prefill, expected_ttft
+from .load import DEFAULT_LOAD, LoadModel, estimate, expected_prefill
 from .types import InstanceView, RequestFacts, Send
 
 __all__ = ["STRATEGIES", "LeastBusy", "Policy", "RoundRobin", "make_policy"]
@@ -136,29 +136,31 @@ class LeastBusy:
         among those the names rotate. A near-tie is within ``tie_ratio`` of the best in cost *and* in
         expected TTFT: the decode term is the same size on every similar instance, and judged on the
         sum alone it would make real differences in queued work look like ties."""
-        i = min(range(len(costs)), key=costs.__getitem__)
-        cost_limit = costs[i] * (1.0 + self.tie_ratio)
-        ttft_limit = ttfts[i] * (1.0 + self.tie_ratio)
-        tied = [
-            v
-            for v, c, t in zip(candidates, costs, ttfts, strict=True)
-            if v is candidates[i] or (c <= cost_limit and t <= ttft_limit)
-        ]
-        fewest = min(v.inflight for v in tied)
-        self._last = _next_after([v.name for v in tied if v.inflight == fewest], self._last)
-        for view, cost in zip(candidates, costs, strict=True):
-            if view.name == self._last:
-                return view, cost
-        raise AssertionError("unreachable: the rotation picks one of the tied names")
+        best = min(costs)
+        i = costs.index(best)
+        widen = 1.0 + self.tie_ratio
+        cost_limit, ttft_limit = best * widen, ttfts[i] * widen
+        pairs = enumerate(zip(costs, ttfts, strict=True))
+        tied = [j for j, (c, t) in pairs if c <= cost_limit and t <= ttft_limit]
+        if len(tied) > 1:
+            fewest = min(candidates[j].inflight for j in tied)
+            names = [candidates[j].name for j in tied if candidates[j].inflight == fewest]
+            name = names[0] if len(names) == 1 else _next_after(names, self._last)
+            i = next(j for j in tied if candidates[j].name == name)
+        self._last = candidates[i].name
+        return candidates[i], costs[i]
 
     def _costs(
         self, req: RequestFacts, candidates: Sequence[InstanceView], work: Sequence[float]
     ) -> tuple[list[float], list[float]]:
         """(expected latency, expected TTFT) of ``req`` on each candidate, given its prefill there."""
-        ttfts = [expected_ttft(v, w, self.load) for v, w in zip(candidates, work, strict=True)]
-        costs = [
-            t + decode_seconds(v, req.max_tokens, self.load) for v, t in zip(candidates, ttfts, strict=True)
-        ]
+        max_tokens, load = req.max_tokens, self.load
+        costs: list[float] = []
+        ttfts: list[float] = []
+        for v, w in zip(candidates, work, strict=True):
+            ttft, latency = estimate(v, w, max_tokens, load)
+            ttfts.append(ttft)
+            costs.append(latency)
         return costs, ttfts
 
     def choose(
