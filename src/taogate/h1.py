@@ -442,7 +442,9 @@ class Pool:
         parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n")
         head = b"".join(parts)
         for attempt in (1, 2):
-            conn, reused = await self._acquire(origin)
+            # The common case, a warm idle connection, without another coroutine.
+            idle = None if self._closed else self._pop_idle(origin, asyncio.get_running_loop().time())
+            conn, reused = (idle, True) if idle is not None else await self._acquire(origin)
             r = conn.send(head, body)
             try:
                 while not r.headers_done:

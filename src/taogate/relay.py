@@ -119,16 +119,40 @@ class UsageTap:
                 self.usage = usage
 
 
+_USAGE_KEY = b'"usage":'
+
+
 def usage_of_body(body: bytes) -> dict[str, Any] | None:
-    """``usage`` of a non-stream JSON response, or None."""
-    if _USAGE not in body:
+    """``usage`` of a non-stream JSON response, or None.
+
+    Only the usage object is parsed when it can be cut out: the last ``"usage":`` followed by a flat
+    object, or one whose only nesting is ``prompt_tokens_details``-style objects (a quote inside a
+    JSON string is escaped, so the key cannot appear in generated text). A long answer's text is then
+    never decoded just to read three counts; anything else falls back to parsing the whole body."""
+    at = body.rfind(_USAGE_KEY)
+    if at < 0 and _USAGE not in body:
         return None
+    start = at + len(_USAGE_KEY)
+    while start < len(body) and body[start] in b" \t\r\n":
+        start += 1
+    if at >= 0 and body[start : start + 1] == b"{":
+        end = body.find(b"}", start)
+        while end > 0 and body.count(b"{", start, end) > body.count(b"}", start, end + 1):
+            end = body.find(b"}", end + 1)
+        if end > 0:
+            try:
+                usage = orjson.loads(body[start : end + 1])
+            except orjson.JSONDecodeError:
+                pass
+            else:
+                if isinstance(usage, dict):
+                    return usage
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    return usage if isinstance(usage, dict) else None
+    found = obj.get("usage") if isinstance(obj, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.relay import UsageTap
+from taogate.relay import UsageTap, usage_of_body
 
 STREAM = (
     b'data: {"id":"c1","choices":[{"text":"a"}]}\n\n'
@@ -31,3 +34,47 @@ def test_no_usage_no_parse() -> None:
     tap = UsageTap()
     tap.feed(b'data: {"choices":[]}\n\ndata: [DONE]\n\n')
     assert tap.usage is None
+
+
+def _body(obj: object, **dumps: Any) -> bytes:
+    return json.dumps(obj, **dumps).encode()
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+NESTED = {**USAGE, "prompt_tokens_details": {"cached_tokens": 4}, "extra": {"a": {"b": 1}}}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (_body({"id": "x", "choices": [{"text": "hi"}], "usage": USAGE}), USAGE),
+        (_body({"id": "x", "usage": NESTED, "kv_transfer_params": None}), NESTED),
+        (_body({"usage": NESTED}, indent=2), NESTED),  # pretty-printed
+        (_body({"choices": [{"text": 'say "usage": {"prompt_tokens": 1}'}], "usage": USAGE}), USAGE),
+        (_body({"choices": [{"text": 'the "usage": {}'}]}), None),  # only inside text: no usage
+        (_body({"id": "x", "usage": None}), None),
+        (_body({"id": "x"}), None),
+        (b'{"id": "x", "usage" : {"prompt_tokens": 7}}', {"prompt_tokens": 7}),  # space before colon
+        (b'{"usage": {"prompt_tokens": 7', None),  # cut short
+        (b"[1, 2]", None),
+    ],
+)
+def test_usage_of_a_whole_body(body: bytes, expected: dict[str, Any] | None) -> None:
+    assert usage_of_body(body) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(max_size=200),
+    usage=st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens"]), st.integers(0, 10**6))
+    | st.none(),
+    indent=st.none() | st.integers(0, 4),
+)
+def test_property_usage_of_body_is_what_a_full_parse_says(
+    text: str, usage: dict[str, int] | None, indent: int | None
+) -> None:
+    obj: dict[str, Any] = {"id": "x", "choices": [{"text": text}]}
+    if usage is not None:
+        obj["usage"] = {**usage, "prompt_tokens_details": {"cached_tokens": 1}}
+    body = _body(obj, indent=indent)
+    assert usage_of_body(body) == obj.get("usage")
