@@ -11,6 +11,7 @@ import math
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -60,6 +61,26 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_FLUSH_S = 0.5
 
 
+class SecondCachedFormatter(logging.Formatter):
+    """``logging.Formatter`` with the default time format, formatting each second's date and time
+    once instead of once per line (``time.localtime`` and ``strftime`` were a fifth of an access
+    line's cost, measured). The output is the standard one: ``2026-11-30 21:55:49,123``."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        self._second = -1
+        self._stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"  # as logging.Formatter.default_msec_format
+
+
 class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The per-request access lines, written into a 64 KiB buffer of their own and flushed every
     ``ACCESS_FLUSH_S`` by the server (and at exit), not one write(2) per line: sys.stderr is
@@ -87,6 +108,8 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def setup_logging(level: str) -> BatchedStreamHandler:
+    # Records need no thread or process fields (the format shows neither): skip looking them up.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     # Health probes and scrapes would log a line each; state changes are logged by taogate itself.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -95,7 +118,7 @@ def setup_logging(level: str) -> BatchedStreamHandler:
         access.removeHandler(old)
         old.close()
     handler = BatchedStreamHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(SecondCachedFormatter(LOG_FORMAT))
     access.addHandler(handler)
     access.propagate = False
     return handler

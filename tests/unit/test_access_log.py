@@ -1,0 +1,70 @@
+"""The access line: one parseable line per request, the same fields in text and JSON."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _text
+from taogate.cli import LOG_FORMAT, SecondCachedFormatter
+
+
+def reference_text_line(rec: RequestRecord) -> str:
+    """The text format by definition: every non-None field of ``_FIELDS``, in order."""
+    parts = []
+    for k in _FIELDS:
+        v = getattr(rec, k)
+        if v is not None:
+            parts.append(f"{k}={_text(round(v, 4) if k in _ROUNDED else v)}")
+    return " ".join(parts)
+
+
+maybe_int = st.none() | st.integers(0, 10**7)
+maybe_text = st.none() | st.text(max_size=40)
+records = st.builds(
+    RequestRecord,
+    request_id=st.text("0123456789abcdef-_", min_size=1, max_size=32),
+    route=st.sampled_from(["chat", "completions", "embeddings"]),
+    started=st.just(0.0),
+    model=maybe_text,
+    tag=maybe_text,
+    instance=maybe_text,
+    status=st.integers(100, 599),
+    prompt_tokens=maybe_int,
+    prompt_tokens_est=maybe_int,
+    completion_tokens=maybe_int,
+    ttfb=st.none() | st.floats(0, 1e4),
+    duration=st.floats(0, 1e4),
+    queue_wait=st.floats(0, 1e3),
+    retries=st.integers(0, 5),
+    channel_fallback=st.none() | st.booleans(),
+    error=maybe_text,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rec=records)
+def test_property_the_text_line_is_every_field_in_order(rec: RequestRecord) -> None:
+    line = AccessLog("text").line(rec)
+    assert line == reference_text_line(rec)
+    assert "\n" not in line and "\r" not in line
+
+
+@settings(max_examples=100, deadline=None)
+@given(rec=records)
+def test_property_text_and_json_carry_the_same_fields(rec: RequestRecord) -> None:
+    fields = orjson.loads(AccessLog("json").line(rec))
+    assert list(fields) == [k for k in _FIELDS if getattr(rec, k) is not None]
+
+
+@settings(max_examples=200, deadline=None)
+@given(created=st.lists(st.floats(1.6e9, 1.9e9), min_size=1, max_size=5))
+def test_property_the_cached_timestamp_is_the_standard_one(created: list[float]) -> None:
+    cached, standard = SecondCachedFormatter(LOG_FORMAT), logging.Formatter(LOG_FORMAT)
+    for t in [*sorted(created), created[0]]:  # forwards, then back to a second seen before
+        record = logging.LogRecord("taogate.access", logging.INFO, __file__, 1, "line", (), None)
+        record.created, record.msecs = t, int((t - int(t)) * 1000)
+        assert cached.format(record) == standard.format(record)
