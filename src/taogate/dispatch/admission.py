@@ -52,7 +52,7 @@ def decide(
     if not eligible and primaries:
         eligible, fallback = primaries, True
 
-    room = [v for v in eligible if v.inflight < v.cap]
+    room = [v for v in eligible if v.has_room]
     if room:
         send = policy.choose(req, room, [v.name for v in eligible])
         if send is not None:
