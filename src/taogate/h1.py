@@ -15,7 +15,8 @@ and frees the slot; one read to its end goes back to the pool. Failures are type
 ``upstream.translate`` maps them to retry decisions)::
 
     ConnectError      nothing was sent: refused, unreachable, DNS
-    ConnectTimeout    no connection (or no free pool slot) in time
+    ConnectTimeout    no connection in time
+    PoolTimeout       no free slot in our own pool in time (says nothing about the instance)
     Disconnected      the connection closed, or the reply was malformed, before the answer was whole
     ReadTimeout       the instance was silent for longer than the read timeout
 
@@ -45,6 +46,7 @@ __all__ = [
     "H1Error",
     "Origin",
     "Pool",
+    "PoolTimeout",
     "ReadTimeout",
     "Response",
 ]
@@ -62,7 +64,11 @@ class ConnectError(H1Error):
 
 
 class ConnectTimeout(H1Error):
-    """No connection, or no free pool slot, within the time allowed."""
+    """No connection within the connect timeout."""
+
+
+class PoolTimeout(H1Error):
+    """Every connection of the pool stayed in use for ``pool_timeout``: our limit, not the instance."""
 
 
 class Disconnected(H1Error):
@@ -475,9 +481,7 @@ class Pool:
                 return await self._connect(origin), False
             left = deadline - loop.time()
             if left <= 0:
-                raise ConnectTimeout(
-                    f"no free connection within {self.pool_timeout:g}s ({self.limit} in use)"
-                )
+                raise PoolTimeout(self._pool_timeout_message())
             waiter = _Waiter(origin, loop.create_future())
             self._waiters.append(waiter)
             try:
@@ -486,7 +490,7 @@ class Pool:
             except BaseException as exc:
                 self._abandon(waiter)
                 if isinstance(exc, TimeoutError):
-                    raise ConnectTimeout(self._pool_timeout_message()) from None
+                    raise PoolTimeout(self._pool_timeout_message()) from None
                 raise
             if handed is not None:
                 return handed, True

@@ -362,7 +362,8 @@ class Settings(BaseSettings):
         if caps > self.gateway.max_connections:
             out.append(
                 f"[gateway] max_connections = {self.gateway.max_connections} is below the sum of the "
-                f"instances' caps ({caps}): requests past it wait for a free upstream connection."
+                f"instances' caps ({caps}): requests past it wait for a free upstream connection, and get "
+                "503 after request_timeout."
             )
         if not self.instances and self.discovery.dns is None:
             out.append("no instances configured: every request will get 503 until some are added.")

@@ -26,7 +26,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from taogate import h1
 from taogate.auth import CREDENTIAL_HEADERS
-from taogate.errors import GatewayError, UpstreamError, UpstreamTimeout
+from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
 from taogate.retry import FailureKind
 from taogate.settings import GatewaySettings
 
@@ -58,6 +58,12 @@ class AttemptFailure(Exception):
     detail: str
 
     def as_error(self) -> GatewayError:
+        if self.reason == FailureKind.POOL_TIMEOUT:
+            return NoInstance(
+                f"The gateway's upstream connection pool is exhausted ({self.detail}); raise "
+                "[gateway] max_connections to at least the sum of the instances' max_queue.",
+                retry_after=1,
+            )
         if self.reason.endswith("timeout"):
             return UpstreamTimeout(
                 f"Instance {self.instance} did not answer in time ({self.detail}). Long prefills need a "
@@ -138,6 +144,8 @@ def translate(exc: BaseException) -> tuple[FailureKind, str]:
         return FailureKind.CONNECT, str(cause)
     if isinstance(cause, h1.ConnectTimeout):
         return FailureKind.CONNECT_TIMEOUT, str(cause)
+    if isinstance(cause, h1.PoolTimeout):
+        return FailureKind.POOL_TIMEOUT, str(cause)
     if isinstance(cause, h1.Disconnected):
         return FailureKind.CLOSED, str(cause)
     if isinstance(cause, h1.ReadTimeout):

@@ -299,3 +299,30 @@ async def test_graceful_stop_finishes_in_flight_and_refuses_new_work() -> None:
         assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
         assert (await slow).status_code == 200
         await stopping
+
+
+async def test_an_exhausted_connection_pool_is_a_503_and_never_blames_the_instance(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """max_connections below the instances' caps (the article's own config: 64 against 2 x 64):
+    a request that waits past the pool timeout for a connection gets a 503 naming the setting, and
+    the instance, which is fine, keeps its breaker closed."""
+    dispatch = {**FAST_RETRY, "breaker_failures": 1, "breaker_cooldown": 30.0}
+    gateway = {"max_connections": 1, "request_timeout": 0.5}
+    async with gateway_factory(fleet(1), gateway=gateway, dispatch=dispatch) as gw:
+        stream = body(0, True, max_tokens=600)
+        async with (
+            httpx.AsyncClient(headers=AUTH, timeout=30) as h,
+            h.stream("POST", gw.api + "/completions", json=stream) as long,
+        ):
+            assert long.status_code == 200
+            refused = await h.post(gw.api + "/completions", json=body(1))
+            data = b"".join([c async for c in long.aiter_bytes()])
+        assert data.endswith(b"data: [DONE]\n\n")
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert "max_connections" in refused.json()["error"]["message"]
+        i0 = gw.gateway.fleet.get("i0")
+        assert i0.breaker.state(gw.gateway.clock()).value == "closed"
+        assert (await run_load(gw, 3, 1)) == [200, 200, 200]
+        assert_nothing_leaked(gw)

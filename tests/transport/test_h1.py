@@ -291,7 +291,7 @@ async def test_pool_limit_waits_hands_over_and_times_out_without_leaking() -> No
         assert s.connections == 1
 
         held = await p.request(s.origin, b"/", [], b"")
-        with pytest.raises(h1.ConnectTimeout, match="no free connection"):
+        with pytest.raises(h1.PoolTimeout, match="no free connection"):
             await p.request(s.origin, b"/", [], b"")
         waiter = asyncio.create_task(p.request(s.origin, b"/", [], b""))
         await asyncio.sleep(0.02)

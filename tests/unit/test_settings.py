@@ -78,7 +78,7 @@ def test_article_files_verbatim_work(tmp_path: Path) -> None:
     # Its one weak spot, said plainly: 4 instances x 32 can hold more requests than 64 connections.
     assert s.warnings() == [
         "[gateway] max_connections = 64 is below the sum of the instances' caps (128): requests past "
-        "it wait for a free upstream connection."
+        "it wait for a free upstream connection, and get 503 after request_timeout."
     ]
 
 
