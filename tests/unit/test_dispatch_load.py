@@ -75,6 +75,12 @@ def test_own_prefilling_defaults_to_inflight_minus_decoding() -> None:
     assert InstanceView("a", inflight=5, decoding=2, prefilling=1).own_prefilling == 1
 
 
+engines = st.none() | st.builds(
+    EngineStats,
+    waiting=st.floats(0, 1000),
+    running=st.floats(0, 1000),
+    kv_usage=st.none() | st.floats(0, 1),
+)
 views = st.builds(
     InstanceView,
     name=st.just("a"),
@@ -82,13 +88,7 @@ views = st.builds(
     decoding=st.integers(0, 64),
     prefill_tokens=st.integers(0, 10**6),
     speed=st.floats(1e-3, 1e6),
-    engine=st.none()
-    | st.builds(
-        EngineStats,
-        waiting=st.floats(0, 1000),
-        running=st.floats(0, 1000),
-        kv_usage=st.none() | st.floats(0, 1),
-    ),
+    engine=engines,
 )
 
 
@@ -163,13 +163,7 @@ full_views = st.builds(
     base_latency=st.floats(-1, 5),
     decode_seconds_per_token=st.floats(-0.1, 0.5),
     uncached_ratio=st.floats(-1, 2),
-    engine=st.none()
-    | st.builds(
-        EngineStats,
-        waiting=st.floats(0, 1000),
-        running=st.floats(0, 1000),
-        kv_usage=st.none() | st.floats(0, 1),
-    ),
+    engine=engines,
 )
 models = st.builds(
     LoadModel,
