@@ -143,11 +143,23 @@ class Dispatcher:
         self, facts: RequestFacts, exclude: frozenset[str] = frozenset()
     ) -> tuple[Lease, Send, float]:
         """A lease on the instance to send to, its pick, and the seconds spent in the queue."""
+        got = self.try_acquire(facts, exclude)
+        if got is not None:
+            return got[0], got[1], 0.0
+        return await self.wait_for_slot(facts, exclude)
+
+    def try_acquire(
+        self, facts: RequestFacts, exclude: frozenset[str] = frozenset()
+    ) -> tuple[Lease, Send] | None:
+        """``acquire`` without waiting: a lease now, or None when every eligible instance is at its cap
+        (then ``wait_for_slot``); refusals raise. The gateway's common case, without a coroutine."""
         got = self._try(facts, exclude)
         if isinstance(got, Refuse):
             raise self._refusal(got, facts)
-        if not isinstance(got, Wait):
-            return got[0], got[1], 0.0
+        return None if isinstance(got, Wait) else got
+
+    async def wait_for_slot(self, facts: RequestFacts, exclude: frozenset[str]) -> tuple[Lease, Send, float]:
+        """Join the bounded FIFO queue until ``pump`` hands this request a slot (or 429)."""
         if len(self._waiters) >= self.queue_size:
             raise self._refusal(Refuse("queue_full"), facts)
         loop = asyncio.get_running_loop()

@@ -351,7 +351,11 @@ class Gateway:
         attempt = 0
         while True:
             attempt += 1
-            lease, pick, waited = await self.dispatcher.acquire(ex.facts, exclude)
+            ready = self.dispatcher.try_acquire(ex.facts, exclude)
+            if ready is not None:
+                (lease, pick), waited = ready, 0.0
+            else:
+                lease, pick, waited = await self.dispatcher.wait_for_slot(ex.facts, exclude)
             rec = ex.rec
             rec.queue_wait += waited
             if waited:

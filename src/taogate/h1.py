@@ -154,6 +154,13 @@ class Response:
 
     async def aread(self) -> bytes:
         """The whole body."""
+        if self.complete and self._error is None:  # all of it is here already (small answers)
+            chunks = self._chunks
+            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            self._buffered = 0
+            self.close()
+            return data
         parts = [chunk async for chunk in self.aiter_raw()]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 

@@ -18,7 +18,9 @@ Transport failures are translated here, once, into a ``FailureKind`` (see retry.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import httpx
@@ -112,14 +114,15 @@ class Upstream:
         self.pool.pool_timeout = cfg.request_timeout
         self.client.timeout = request_timeouts(cfg)
 
-    async def send(
+    def send(
         self, base_url: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> UpstreamResponse:
-        """POST ``body`` to the instance at ``base_url``; returns once status and headers are in."""
+    ) -> Coroutine[Any, Any, UpstreamResponse]:
+        """POST ``body`` to the instance at ``base_url``; awaiting it returns once status and headers
+        are in. The pool's coroutine itself, not one more around it: this is once per request."""
         origin = self._origins.get(base_url)
         if origin is None:
             origin = self._origins[base_url] = h1.Origin.parse(base_url)
-        return await self.pool.request(origin, path, headers, body)
+        return self.pool.request(origin, path, headers, body)
 
     async def aclose(self) -> None:
         await self.client.aclose()
