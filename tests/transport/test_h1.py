@@ -176,6 +176,47 @@ async def test_read_timeouts_before_headers_and_mid_body() -> None:
             await p.aclose()
 
 
+async def test_a_reused_connection_times_out_on_its_own_silence_and_a_lowered_timeout_holds() -> None:
+    """The read timer armed for one reply stays for the next on the same connection: the next
+    reply's silence is still timed from when it began, and a timeout lowered meanwhile (a reload)
+    still applies."""
+    answered = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        while True:
+            await read_request(reader)
+            if answered >= 2:
+                await asyncio.sleep(10)  # the third request on this connection hangs
+            answered += 1
+            writer.write(OK)
+
+    async with script(handler) as s:
+        loop = asyncio.get_running_loop()
+        p = pool(read_timeout=0.3)
+        assert await (await p.request(s.origin, b"/", [], b"")).aread() == b"{}"
+        await asyncio.sleep(0.2)  # most of the first timer's span passes while idle
+        assert await (await p.request(s.origin, b"/", [], b"")).aread() == b"{}"
+        started = loop.time()
+        with pytest.raises(h1.ReadTimeout):
+            await p.request(s.origin, b"/", [], b"")
+        assert 0.25 <= loop.time() - started < 1.0  # timed from its own start, not the first reply's
+        assert s.connections == 1
+        await p.aclose()
+
+    async with script(handler) as s:
+        answered = 0
+        p = pool(read_timeout=30.0)
+        assert await (await p.request(s.origin, b"/", [], b"")).aread() == b"{}"
+        p.read_timeout = 0.2  # reloaded
+        assert await (await p.request(s.origin, b"/", [], b"")).aread() == b"{}"
+        started = loop.time()
+        with pytest.raises(h1.ReadTimeout):
+            await p.request(s.origin, b"/", [], b"")
+        assert loop.time() - started < 1.0
+        await p.aclose()
+
+
 async def test_a_slow_consumer_is_not_a_silent_server() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
