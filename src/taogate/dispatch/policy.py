@@ -5,8 +5,9 @@ them to ``Policy.choose``; a policy only ranks. Two policies:
 
 * ``RoundRobin``: a cursor over instance names, kept for A/B comparison (the article's baseline,
   which piles long prompts onto whichever instance the cursor happens to hit).
-* ``LeastBusy``: the smallest expected latency (``load.expected_latency``): fixed latency plus
-  queued prefill work over learned speed, plus the first output tokens at the learned decode pace.
+* ``LeastBusy``: the smallest expected latency (``load.estimate``: ``expected_latency`` in one
+  pass): fixed latency plus queued prefill work over learned speed, plus the first output tokens at
+  the learned decode pace.
   With affinity, each candidate is costed with the prefill the request is expected to need *there*
   (``load.expected_prefill``: the prompt less its prefix on an instance known to hold it). The lease
   still books the whole prompt as outstanding work (measured: booking only the uncached part made
