@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from .policy import Policy
 from .types import Decision, InstanceView, Refuse, RequestFacts, Send, Wait
@@ -56,9 +57,7 @@ def decide(
     if room:
         send = policy.choose(req, room, [v.name for v in eligible])
         if send is not None:
-            if fallback:
-                send.channel_fallback = True
-            return send
+            return replace(send, channel_fallback=True) if fallback else send
 
     overflow = [v for v in usable if v.overflow]
     spare = [v for v in overflow if v.has_room]
