@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -104,8 +105,15 @@ def _text_line(rec: RequestRecord) -> str:
 
 
 class AccessLog:
-    def __init__(self, fmt: Literal["text", "json"]) -> None:
+    """Formats and writes the line, at INFO on the ``taogate.access`` logger.
+
+    ``sink``, when given, writes the formatted line instead of a logging record (``taogate serve``
+    passes its access handler's ``write_info``: same text, a third of the cost); the logger's level
+    still decides whether a line is written at all."""
+
+    def __init__(self, fmt: Literal["text", "json"], sink: Callable[[str], None] | None = None) -> None:
         self.fmt = fmt
+        self._sink = sink
 
     def line(self, rec: RequestRecord) -> str:
         if self.fmt == "json":
@@ -118,4 +126,7 @@ class AccessLog:
 
     def emit(self, rec: RequestRecord) -> None:
         if log.isEnabledFor(logging.INFO):
-            log.info("%s", self.line(rec))
+            if self._sink is not None:
+                self._sink(self.line(rec))
+            else:
+                log.info("%s", self.line(rec))

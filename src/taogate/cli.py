@@ -59,6 +59,7 @@ def _load(config: Path | None, client: Path | None, overrides: dict[str, Any]) -
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ACCESS_FLUSH_S = 0.5
+ACCESS_LOGGER = "taogate.access"
 
 
 class SecondCachedFormatter(logging.Formatter):
@@ -74,11 +75,16 @@ class SecondCachedFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt is not None:
             return super().formatTime(record, datefmt)
-        second = int(record.created)
+        return self.stamp(record.created)
+
+    def stamp(self, created: float) -> str:
+        """``%(asctime)s`` for a record created at ``created`` (as ``time.time()``)."""
+        second = int(created)
         if second != self._second:
-            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._stamp = time.strftime(self.default_time_format, self.converter(created))
             self._second = second
-        return f"{self._stamp},{int(record.msecs):03d}"  # as logging.Formatter.default_msec_format
+        # as logging.Formatter.default_msec_format, with LogRecord's msecs
+        return f"{self._stamp},{int((created - second) * 1000):03d}"
 
 
 class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -98,6 +104,17 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def flush(self) -> None:
         """Called by ``emit`` after every line: a no-op; ``flush_now`` does the work."""
 
+    def write_info(self, name: str, message: str) -> None:
+        """One INFO line of logger ``name``, the text ``LOG_FORMAT`` gives, without a LogRecord.
+
+        The gateway's access log writes through this when ``taogate serve`` runs it: building and
+        handling a record cost two thirds of an access line (measured: emit 15 µs against 5 µs
+        here). Only the access logger writes to this handler's stream, from the event loop."""
+        formatter = self.formatter
+        assert isinstance(formatter, SecondCachedFormatter), "setup_logging sets the formatter"
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(f"{formatter.stamp(time.time())} INFO {name}: {message}\n")
+
     def flush_now(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.stream.flush()
@@ -113,7 +130,7 @@ def setup_logging(level: str) -> BatchedStreamHandler:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     # Health probes and scrapes would log a line each; state changes are logged by taogate itself.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    access = logging.getLogger("taogate.access")
+    access = logging.getLogger(ACCESS_LOGGER)
     for old in [h for h in access.handlers if isinstance(h, BatchedStreamHandler)]:
         access.removeHandler(old)
         old.close()
@@ -213,7 +230,8 @@ class _Server(uvicorn.Server):
 async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler | None = None) -> None:
     from taogate.app import create_app
 
-    application = create_app(settings, settings_source=source)
+    sink = (lambda line: access.write_info(ACCESS_LOGGER, line)) if access is not None else None
+    application = create_app(settings, settings_source=source, access_sink=sink)
     tune_runtime()
     g = settings.gateway
     server = _Server(

@@ -100,6 +100,7 @@ class Gateway:
         rng: Callable[[], float] = random.random,
         settings_source: Callable[[], Settings] | None = None,
         resolver: Resolver = system_resolver,
+        access_sink: Callable[[str], None] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.settings = settings
@@ -108,6 +109,7 @@ class Gateway:
         self._environ = env
         self._settings_source = settings_source
         self.resolver = resolver
+        self._access_sink = access_sink  # where access lines go instead of logging records (cli)
         self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by the probes
         self.keys = KeyCheck(settings.api_key(env), settings.admin_key(env))
         # Learned speeds are rebuilt at most every 5 ms: at high request rates, once per response
@@ -134,7 +136,7 @@ class Gateway:
             self.fleet,
             self.tokens,
             self.speeds,
-            AccessLog(settings.gateway.log_format),
+            AccessLog(settings.gateway.log_format, access_sink),
             clock,
             settings.prefill.tag,
         )
@@ -198,7 +200,7 @@ class Gateway:
         self.keys = keys
         self.settings = settings
         changes = self.fleet.apply(settings, specs)
-        self.accounting.access = AccessLog(settings.gateway.log_format)
+        self.accounting.access = AccessLog(settings.gateway.log_format, self._access_sink)
         self.accounting.long_tag = settings.prefill.tag
         if self.upstream is not None:
             self.upstream.configure(settings.gateway)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import re
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _text
-from taogate.cli import LOG_FORMAT, SecondCachedFormatter
+from taogate.cli import LOG_FORMAT, BatchedStreamHandler, SecondCachedFormatter
 
 
 def reference_text_line(rec: RequestRecord) -> str:
@@ -68,3 +70,34 @@ def test_property_the_cached_timestamp_is_the_standard_one(created: list[float])
         record = logging.LogRecord("taogate.access", logging.INFO, __file__, 1, "line", (), None)
         record.created, record.msecs = t, int((t - int(t)) * 1000)
         assert cached.format(record) == standard.format(record)
+
+
+def test_the_direct_access_line_is_the_logging_line() -> None:
+    """``taogate serve`` writes access lines through ``write_info`` instead of logging records: the
+    text must be what the logging path gives, timestamp format included."""
+    handler = BatchedStreamHandler()
+    handler.setFormatter(SecondCachedFormatter(LOG_FORMAT))
+    handler.stream = io.StringIO()
+    rec = RequestRecord(request_id="r1", route="chat", started=0.0, model="m", instance="i0", status=200)
+    line = AccessLog("text").line(rec)
+    handler.write_info("taogate.access", line)
+    handler.handle(logging.LogRecord("taogate.access", logging.INFO, __file__, 1, "%s", (line,), None))
+    direct, logged = handler.stream.getvalue().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
+    assert re.fullmatch(stamp + " INFO taogate.access: " + re.escape(line), direct)
+    assert direct[23:] == logged[23:]  # the same line after the 23-character timestamp
+
+
+def test_access_lines_go_to_the_sink_when_given_and_the_level_allows() -> None:
+    got: list[str] = []
+    rec = RequestRecord(request_id="r1", route="chat", started=0.0, status=200)
+    access = logging.getLogger("taogate.access")
+    level = access.level
+    try:
+        access.setLevel(logging.INFO)
+        AccessLog("text", got.append).emit(rec)
+        access.setLevel(logging.WARNING)
+        AccessLog("text", got.append).emit(rec)
+    finally:
+        access.setLevel(level)
+    assert got == [AccessLog("text").line(rec)]
