@@ -18,7 +18,9 @@ Decision rule (``decide``, pure), first match wins:
   the cap fixed it, so requests were piling up in one queue. A slow instance, if any, is named in the
   evidence too (least_busy routes around it; round robin does not). Exception: when a probed-slow
   instance already got well under its fair share of run A's requests (under 0.75x), dispatch is
-  routing around it and the verdict is the instance's (next rule).
+  routing around it and the verdict is the instance's (next rule). And only when the lowered cap
+  could bind at all: if run A never had more than ``low_cap`` requests on one instance, run B
+  dispatched the same way and any difference in max latency is noise.
 - **instance X is slow** (exit 2): lowering the cap did not help, and X's own probed prefill speed is
   below ``slow`` (0.6) x the median speed of the fleet (when no probe could run, the gateway's learned
   ``relative_speed`` from run A is used instead). Look inside X: AllReduce, host-device copies.
@@ -51,6 +53,7 @@ __all__ = [
     "Verdict",
     "decide",
     "diagnose",
+    "peak_per_instance",
     "probe_speeds",
     "salted",
 ]
@@ -72,6 +75,7 @@ class Evidence:
     probe_speeds: Mapping[str, float] = field(default_factory=dict)  # own prefill tokens/s, alone
     relative_speed: Mapping[str, float] = field(default_factory=dict)  # the gateway's learned view
     cache_hit_rate: float = math.nan
+    peak_per_instance: int | None = None  # most requests in flight on one instance in run A
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,12 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
         )
     slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow)
     dispatch_fixed_it = gain >= drop
+    if dispatch_fixed_it and ev.peak_per_instance is not None and ev.peak_per_instance <= ev.low_cap:
+        lines.append(
+            f"the cap of {ev.low_cap} never bound: run A had at most {ev.peak_per_instance} requests on "
+            f"one instance, so both runs dispatched alike and the {gain:.1f}x is noise"
+        )
+        dispatch_fixed_it = False
     if slowest is not None and dispatch_fixed_it:
         # Both signs at once. If dispatch already routes around the slow card (it got well under its
         # fair share in run A), what remains is the card itself; if it got its full share, the queue
@@ -188,6 +198,21 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
         "instance: look inside vLLM (AllReduce, data movement)",
         tuple(lines),
     )
+
+
+def peak_per_instance(samples: Sequence[Sample]) -> int:
+    """The most requests in flight at once on any one instance (from each request's start and end)."""
+    events: dict[str, list[tuple[float, int]]] = {}
+    for smp in samples:
+        if smp.instance is not None:
+            events.setdefault(smp.instance, []).extend(((smp.start, 1), (smp.end, -1)))
+    peak = 0
+    for marks in events.values():
+        now = 0
+        for _, step in sorted(marks):  # at equal times an end (-1) sorts before a start
+            now += step
+            peak = max(peak, now)
+    return peak
 
 
 def salted(workload: Workload, salt: str) -> Workload:
@@ -280,5 +305,6 @@ async def diagnose(
     }
     samples: list[Sample] = [s for r in runs for s in r.samples if s.ok]
     hit = ratio(sum(s.cached_tokens for s in samples), sum(s.prompt_tokens for s in samples))
-    evidence = Evidence(summaries[0], summaries[1], cap, low_cap, speeds, rel, hit)
+    peak = peak_per_instance(runs[0].samples)
+    evidence = Evidence(summaries[0], summaries[1], cap, low_cap, speeds, rel, hit, peak)
     return Diagnosis(decide(evidence, drop=drop, slow=slow), evidence, runs, admin)
