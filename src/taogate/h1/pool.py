@@ -1,0 +1,250 @@
+"""Keep-alive connections to any number of origins, at most ``limit`` open at once, and the
+requests waiting for one."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+import ssl
+from dataclasses import dataclass, field
+
+from .connection import Connection, Response
+from .errors import ConnectError, ConnectTimeout, Disconnected, PoolTimeout
+from .origin import Origin
+
+__all__ = ["Pool"]
+
+
+@dataclass(slots=True)
+class _Waiter:
+    origin: Origin
+    future: asyncio.Future[Connection | None] = field(repr=False)
+
+
+class Pool:
+    """Keep-alive connections to any number of origins, at most ``limit`` open at once.
+
+    Idle connections are reused newest first and dropped after ``keepalive`` seconds idle (vLLM's
+    uvicorn closes them at 5 s; reusing one it is closing would fail the request). When every slot is
+    taken, a request waits (FIFO, up to ``pool_timeout``) for a connection to come back or close.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        connect_timeout: float,
+        read_timeout: float | None,
+        pool_timeout: float,
+        keepalive: float = 2.5,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.pool_timeout = pool_timeout
+        self.keepalive = keepalive
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._open = 0
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._all: set[Connection] = set()
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    @property
+    def idle_connections(self) -> int:
+        return sum(len(v) for v in self._idle.values())
+
+    async def request(
+        self, origin: Origin, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Response:
+        """POST ``body`` to ``origin`` + ``path``; returns once the status and headers are in."""
+        parts = [b"POST ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
+        for k, v in headers:
+            parts += (k, b": ", v, b"\r\n")
+        if origin.basic_auth is not None and not any(k == b"authorization" for k, _ in headers):
+            parts += (b"authorization: ", origin.basic_auth, b"\r\n")
+        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n")
+        head = b"".join(parts)
+        for attempt in (1, 2):
+            # The common case, a warm idle connection, without another coroutine.
+            idle = None if self._closed else self._pop_idle(origin, asyncio.get_running_loop().time())
+            conn, reused = (idle, True) if idle is not None else await self._acquire(origin)
+            r = conn.send(head, body)
+            try:
+                while not r.headers_done:
+                    if r._error is not None:
+                        raise r._error
+                    await r._wait()
+            except Disconnected:
+                r.close()
+                if attempt == 1 and reused and not r.received:
+                    continue  # the server closed this idle connection as we sent: once more, fresh
+                raise
+            except BaseException:
+                r.close()
+                raise
+            return r
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _acquire(self, origin: Origin) -> tuple[Connection, bool]:
+        if self._closed:
+            raise ConnectError("the upstream pool is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.pool_timeout
+        while True:
+            conn = self._pop_idle(origin, loop.time())
+            if conn is not None:
+                return conn, True
+            if self._open < self.limit or self._evict_idle():
+                return await self._connect(origin), False
+            left = deadline - loop.time()
+            if left <= 0:
+                raise PoolTimeout(self._pool_timeout_message())
+            waiter = _Waiter(origin, loop.create_future())
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(left):
+                    handed = await waiter.future
+            except BaseException as exc:
+                self._abandon(waiter)
+                if isinstance(exc, TimeoutError):
+                    raise PoolTimeout(self._pool_timeout_message()) from None
+                raise
+            if handed is not None:
+                return handed, True
+
+    def _pool_timeout_message(self) -> str:
+        return f"no free connection within {self.pool_timeout:g}s (all {self.limit} in use)"
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """A waiter leaves (timeout, cancelled): what was handed to it at that moment passes on."""
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        fut = waiter.future
+        if not fut.done():
+            fut.cancel()
+            return
+        if fut.cancelled():  # cancelled while waiting: nothing was handed over
+            return
+        handed = fut.result()
+        if handed is not None:
+            handed.release()  # back to the pool, or to the next waiter
+        else:
+            self._notify_one()  # the freed slot's notice goes to the next waiter
+
+    def _pop_idle(self, origin: Origin, now: float) -> Connection | None:
+        stack = self._idle.get(origin.key)
+        while stack:
+            conn = stack.pop()
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                conn.abort()
+                continue
+            if now - conn.idle_since > self.keepalive:
+                conn.abort()
+                continue
+            return conn
+        return None
+
+    def _evict_idle(self) -> bool:
+        """At the limit: close the longest-idle connection to any origin to free its slot."""
+        oldest: Connection | None = None
+        for stack in self._idle.values():
+            if stack and (oldest is None or stack[0].idle_since < oldest.idle_since):
+                oldest = stack[0]
+        if oldest is None:
+            return False
+        self._idle[oldest.origin.key].remove(oldest)
+        oldest.abort()
+        return True
+
+    async def _connect(self, origin: Origin) -> Connection:
+        self._open += 1
+        loop = asyncio.get_running_loop()
+        tls = origin.scheme == "https"
+        if tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self, origin),
+                    origin.host,
+                    origin.port,
+                    ssl=self._ssl if tls else None,
+                    server_hostname=origin.host if tls else None,
+                )
+        except TimeoutError:
+            self._slot_freed()
+            raise ConnectTimeout(
+                f"no connection to {origin.host}:{origin.port} within {self.connect_timeout:g}s"
+            ) from None
+        except (OSError, ssl.SSLError) as exc:
+            self._slot_freed()
+            raise ConnectError(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
+        except BaseException:
+            self._slot_freed()
+            raise
+        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._closed:
+            conn.abort()
+            raise ConnectError("the upstream pool is closed")
+        self._all.add(conn)
+        return conn
+
+    # -- called by connections -----------------------------------------------------------------
+    def _release(self, conn: Connection) -> None:
+        if self._closed:
+            conn.abort()
+            return
+        for waiter in self._waiters:  # a request waiting for this origin takes it as it is
+            if waiter.origin.key == conn.origin.key and not waiter.future.done():
+                self._waiters.remove(waiter)
+                waiter.future.set_result(conn)
+                return
+        if any(not w.future.done() for w in self._waiters):
+            conn.abort()  # someone waits for another origin: free the slot for them
+            return
+        self._idle.setdefault(conn.origin.key, []).append(conn)
+
+    def _forget(self, conn: Connection) -> None:
+        if not conn.counted:
+            return
+        conn.counted = False
+        self._all.discard(conn)
+        stack = self._idle.get(conn.origin.key)
+        if stack and conn in stack:
+            stack.remove(conn)
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        self._open -= 1
+        self._notify_one()
+
+    def _notify_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+                return
+
+    async def aclose(self) -> None:
+        """Close every connection; requests in flight fail with ``Disconnected``."""
+        self._closed = True
+        for conn in list(self._all):
+            conn.abort()
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports report their loss
