@@ -12,7 +12,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from taogate.dispatch.speed import SpeedEstimator, slow_instances
+from taogate.dispatch.slow import slow_instances
+from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView
 from taogate.instances import Instance, InstanceSpec
 from taogate.scrape import stale_after

@@ -8,7 +8,7 @@ A ``Lease`` is taken when a request is sent to an instance and holds its slot (i
 outstanding prefill tokens) until the response body has been fully relayed, the client has gone
 away, or an error has ended the attempt. ``release()`` is idempotent, so every exit path may call
 it and the counts still return to exactly zero. Until its first token, a lease also sits in its
-instance's ``pending`` (dispatch order), the evidence ``dispatch.speed.speed_bound`` reads: a request
+instance's ``pending`` (dispatch order), the evidence ``dispatch.pending.speed_bound`` reads: a request
 that has waited longer than its work should take says the instance is slower than learned, now.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from taogate.breaker import Breaker
-from taogate.dispatch.speed import Pending, speed_bound
+from taogate.dispatch.pending import Pending, speed_bound
 from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.health import HealthState, HealthTracker
 from taogate.scrape import EngineSample, engine_stats
@@ -118,7 +118,7 @@ class Instance:
             yield Pending(lease.ahead_tokens + lease.tokens, now - lease.sent_at, allowance)
 
     def speed_bound(self, now: float, decode_seconds_per_token: float, base_latency: float) -> float:
-        """``dispatch.speed.speed_bound`` over ``waiting``, recomputed at most every ``BOUND_TTL``
+        """``dispatch.pending.speed_bound`` over ``waiting``, recomputed at most every ``BOUND_TTL``
         seconds: it walks every pending lease, and at high rates many decisions fall within one
         millisecond (a bound a few milliseconds old is as good)."""
         if now - self._bound_at >= BOUND_TTL:

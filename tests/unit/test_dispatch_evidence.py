@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.dispatch.load import LoadModel, expected_latency, expected_prefill, expected_ttft
+from taogate.dispatch.pending import Pending, speed_bound
 from taogate.dispatch.policy import LeastBusy
-from taogate.dispatch.speed import Pending, SpeedEstimator, slow_instances, speed_bound
+from taogate.dispatch.slow import slow_instances
+from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts
 from taogate.fleet import Fleet, specs_from_settings
 from taogate.instances import Lease

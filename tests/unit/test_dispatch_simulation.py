@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from taogate.dispatch.admission import decide
 from taogate.dispatch.policy import LeastBusy, Policy, RoundRobin
-from taogate.dispatch.speed import SpeedEstimator, slow_instances
+from taogate.dispatch.slow import slow_instances
+from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
 
 TRUE_SPEED = {"a": 1000.0, "b": 1000.0, "c": 1000.0, "slow": 400.0}

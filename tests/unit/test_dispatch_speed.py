@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.speed import SlowRule, SpeedEstimator, SpeedStat, slow_instances
+from taogate.dispatch.slow import SlowRule, slow_instances
+from taogate.dispatch.speed import SpeedEstimator, SpeedStat
 
 
 def test_seed_is_weight_times_nominal() -> None:

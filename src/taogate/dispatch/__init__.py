@@ -10,7 +10,8 @@ from .admission import decide, retry_after_seconds
 from .load import LoadModel, expected_ttft
 from .policy import STRATEGIES, LeastBusy, Policy, RoundRobin, make_policy
 from .prefix import SharedPrefix, prefix_key, shared_prefix
-from .speed import SlowRule, SpeedEstimator, SpeedStat, slow_instances
+from .slow import SlowRule, slow_instances
+from .speed import SpeedEstimator, SpeedStat
 from .tokens import PromptSize, TokenEstimator, TokenizerUnavailable, load_exact_counter, measure
 from .types import Decision, EngineStats, InstanceView, Refuse, RequestFacts, Send, Wait
 

@@ -1,4 +1,4 @@
-"""Each instance's prefill speed (prompt tokens/s), learned online; and the slow-instance detector.
+"""Each instance's prefill speed (prompt tokens/s), learned online (``slow`` flags the slow cards from it).
 
 The article's fleet had fast and slow cards. Dividing load by a measured speed lets a 2.5× slow
 instance receive proportionally less work without anyone configuring it; flagging it tells the
@@ -44,11 +44,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-__all__ = ["Pending", "SlowRule", "SpeedEstimator", "SpeedStat", "slow_instances", "speed_bound"]
+__all__ = ["SpeedEstimator", "SpeedStat"]
 
 
 #: How many full-size samples the configured seed is worth: little, the first real sample dominates.
@@ -445,72 +444,3 @@ class SpeedEstimator:
         """Every instance's speed and sample counts, the input of ``slow_instances``."""
         self._fresh()
         return {name: SpeedStat(self._speeds[name], st.n, st.evidence) for name, st in self._states.items()}
-
-
-# --- evidence from requests still waiting ------------------------------------------------------------
-
-
-class Pending(NamedTuple):
-    """One of our requests on an instance that has no first token yet."""
-
-    work: float  # prefill tokens that must be done before its first token: booked ahead + its own
-    elapsed: float  # seconds since it was dispatched
-    allowance: float = 0.0  # seconds of ``elapsed`` not spent on prefill (a non-stream's decode)
-
-
-def speed_bound(pending: Iterable[Pending], base: float = 0.0) -> float:
-    """An upper bound on an instance's speed *now*, from requests still waiting for their first token.
-
-    A request dispatched ``elapsed`` seconds ago behind ``work`` tokens (the work booked ahead of it
-    plus its own) and still without a first token shows that the instance has done less than ``work``
-    in ``elapsed - base - allowance`` seconds: its speed is at most ``work / that``. This is evidence
-    before any sample completes, which matters at a cold start (a slow card looks like the others
-    until its first TTFT arrives, seconds later for long prompts) and when a card degrades mid-run
-    (thermal throttling, a noisy neighbour, another gateway's burst on vLLM). While requests are on
-    time the bound stays above the learned speed and changes nothing. For a non-stream request the
-    "first token" is only seen with the whole response, so its decode (``max_tokens`` × the learned
-    seconds per output token) is the ``allowance``. ``inf`` when no request says anything.
-    """
-    bound = math.inf
-    for p in pending:
-        seconds = p.elapsed - base - p.allowance
-        if seconds > 0 and p.work > 0:
-            bound = min(bound, p.work / seconds)
-    return bound
-
-
-# --- slow-instance detection ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SlowRule:
-    """Flag below ``ratio`` × the others' median; clear only above ``recover_ratio`` (hysteresis)."""
-
-    ratio: float = 0.6
-    recover_ratio: float = 0.75
-    min_evidence: float = 8.0  # full-size samples (see ``SpeedStat.evidence``) before judging
-
-
-def slow_instances(
-    stats: Mapping[str, SpeedStat], flagged: Collection[str] = frozenset(), rule: SlowRule = SlowRule()
-) -> frozenset[str]:
-    """The instances whose prefill speed stays well below the rest of the fleet's.
-
-    Each instance is compared with the median of the *other* instances that have enough samples, so a
-    slow one does not drag down its own yardstick (with two instances, each is compared with the other).
-    ``flagged`` is the previous result: a flagged instance stays flagged until it recovers past
-    ``recover_ratio``, so an estimate hovering near the threshold does not flap. Instances with less
-    than ``min_evidence`` (tiny requests count for little) are neither flagged nor used as yardstick:
-    an estimate still near its seed says nothing about the card.
-    """
-    known = {name: s.speed for name, s in stats.items() if s.evidence >= rule.min_evidence and s.speed > 0}
-    out: set[str] = set()
-    for name, speed in known.items():
-        others = [v for n, v in known.items() if n != name]
-        if not others:
-            continue
-        rel = speed / statistics.median(others)
-        limit = rule.recover_ratio if name in flagged else rule.ratio
-        if rel < limit:
-            out.add(name)
-    return frozenset(out)
