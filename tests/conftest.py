@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -15,6 +16,22 @@ from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import Fleet, run_fleet
 from taogate.serving import serve_asgi
 from taogate.settings import Settings
+
+
+def missing(what: str, *, hint: str, required_in_ci: bool = True) -> NoReturn:
+    """A tool a test needs is not here: fail under CI (``.ci/run`` installs it), skip elsewhere."""
+    if required_in_ci and os.environ.get("CI"):
+        pytest.fail(f"{what} is missing under CI: {hint}")
+    pytest.skip(f"{what} not available ({hint})")
+
+
+def require_tool(name: str, *, hint: str, required_in_ci: bool = True) -> str:
+    """The path of command ``name`` on PATH, or ``missing``."""
+    path = shutil.which(name)
+    if path is None:
+        missing(name, hint=hint, required_in_ci=required_in_ci)
+    return path
+
 
 KEY = "test-unified-key"
 ENV = {"TAOTOKEN_API_KEY": KEY}

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -24,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
 from taogate.emulator.config import EmulatorConfig, Faults
 from taogate.serving import bind_socket
-from tests.conftest import KEY, GatewayFactory
+from tests.conftest import KEY, GatewayFactory, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -38,15 +36,6 @@ MODEL = "emulated-model"
 
 # What Grafana would put in for the board's variables; the test's scrape interval is 1 s.
 VARIABLES = {"$__rate_interval": "10s", "$__range": "1m", "$instance": ".*"}
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing: .ci/run installs Debian's prometheus package")
-        pytest.skip(f"{name} not installed (apt-get install prometheus)")
-    return path
 
 
 def _dashboard() -> dict[str, Any]:
@@ -187,7 +176,7 @@ def _has_real_sample(result: list[dict[str, Any]]) -> bool:
 
 
 async def test_every_dashboard_query_returns_data(gateway_factory: GatewayFactory) -> None:
-    prometheus = _tool("prometheus")
+    prometheus = require_tool("prometheus", hint="apt-get install prometheus")
     fleet = [
         EmulatorConfig(enable_prefix_caching=True, seed=0),
         EmulatorConfig(enable_prefix_caching=True, seed=1, faults=Faults(error_rate=0.5)),

@@ -24,7 +24,7 @@ import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import httpx
 import pytest
@@ -32,6 +32,7 @@ import yaml
 
 from taogate.serving import bind_socket
 from taogate.settings import GatewaySettings, load_settings
+from tests.conftest import missing, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -45,17 +46,8 @@ def _in_test_extra(package: str) -> bool:
     return any(re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0].lower() == package for dep in extra)
 
 
-def _missing(what: str, *, required_in_ci: bool, hint: str) -> NoReturn:
-    if required_in_ci and os.environ.get("CI"):
-        pytest.fail(f"{what} is missing under CI: {hint}")
-    pytest.skip(f"{what} not available ({hint})")
-
-
 def _debian_tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        _missing(name, required_in_ci=name == "promtool", hint=f"apt-get install {package}")
-    return path
+    return require_tool(name, hint=f"apt-get install {package}", required_in_ci=name == "promtool")
 
 
 def _pip_tool(name: str, package: str) -> str:
@@ -63,7 +55,7 @@ def _pip_tool(name: str, package: str) -> str:
     local = Path(sys.executable).parent / name
     path = str(local) if local.exists() else shutil.which(name)
     if path is None:
-        _missing(name, required_in_ci=_in_test_extra(package), hint=f"pip install {package}")
+        missing(name, required_in_ci=_in_test_extra(package), hint=f"pip install {package}")
     return path
 
 
@@ -426,7 +418,7 @@ def test_k8s_manifests_agree(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", ["1.28", "1.37"])
 def test_k8s_schemas(version: str) -> None:
     if importlib.util.find_spec("kubernetes_validate") is None:
-        _missing(
+        missing(
             "kubernetes-validate",
             required_in_ci=_in_test_extra("kubernetes-validate"),
             hint="pip install kubernetes-validate",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
 import tempfile
 from asyncio.subprocess import DEVNULL, PIPE, STDOUT
 from pathlib import Path
@@ -15,19 +13,10 @@ import pytest
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.serving import bind_socket
-from tests.conftest import KEY, GatewayFactory, Running
+from tests.conftest import KEY, GatewayFactory, Running, require_tool
 
 MODEL = "emulated-model"
 AUTH = {"authorization": f"Bearer {KEY}"}
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing: .ci/run installs Debian's prometheus package")
-        pytest.skip(f"{name} not installed (apt-get install prometheus)")
-    return path
 
 
 async def _load(gw: Running, n: int, concurrency: int, words: int) -> None:
@@ -52,7 +41,7 @@ async def _load(gw: Running, n: int, concurrency: int, words: int) -> None:
 
 
 async def test_metrics_pass_promtool(gw: Running) -> None:
-    promtool = _tool("promtool")
+    promtool = require_tool("promtool", hint="apt-get install prometheus")
     await _load(gw, 6, 3, 200)
     async with httpx.AsyncClient(headers=AUTH) as h:
         await h.post(gw.api + "/completions", json={"model": "nope", "prompt": "x"})
@@ -132,7 +121,7 @@ async def test_homogeneous_fleet_flags_nothing(gateway_factory: GatewayFactory) 
 
 
 async def test_a_real_prometheus_scrapes_the_gateway(gw: Running) -> None:
-    prometheus = _tool("prometheus")
+    prometheus = require_tool("prometheus", hint="apt-get install prometheus")
     await _load(gw, 4, 2, 100)
     target = gw.url.removeprefix("http://")
     sock = bind_socket("127.0.0.1", 0)
