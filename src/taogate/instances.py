@@ -92,9 +92,7 @@ class Instance:
 
     def available(self, now: float) -> bool:
         """Eligible for new work: healthy, breaker lets a request through, not draining."""
-        if self.draining or not (self._assume_up or self.health.state is HealthState.UP):
-            return False
-        return self.breaker.allows(now)
+        return self.up and not self.draining and self.breaker.allows(now)
 
     def record_scrape(self, sample: EngineSample, now: float) -> None:
         self.engine_prev = self.engine
