@@ -73,10 +73,7 @@ class Response:
     async def aread(self) -> bytes:
         """The whole body."""
         if self.complete and self._error is None:  # all of it is here already (small answers)
-            chunks = self._chunks
-            data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-            chunks.clear()
-            self._buffered = 0
+            data = self._take()
             self.close()
             return data
         parts = [chunk async for chunk in self.aiter_raw()]
@@ -85,11 +82,8 @@ class Response:
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """The body as it arrives (de-chunked), whatever is buffered joined into one piece."""
         while True:
-            chunks = self._chunks
-            if chunks:
-                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                self._buffered = 0
+            if self._chunks:
+                data = self._take()
                 conn = self._conn
                 if conn is not None and conn.paused:
                     conn.resume()
@@ -101,6 +95,14 @@ class Response:
                 self.close()  # read to the end: the connection goes back to the pool at once
                 return
             await self._wait()
+
+    def _take(self) -> bytes:
+        """Everything buffered, as one piece; the buffer is empty after."""
+        chunks = self._chunks
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        return data
 
     def close(self) -> None:
         """Done with this response: a connection whose reply was read to its end is reused, any
