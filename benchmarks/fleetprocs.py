@@ -124,6 +124,16 @@ def start_gateway(
     return proc, f"http://127.0.0.1:{port}"
 
 
+def start_reference(workdir: Path, urls: list[str], client: str) -> tuple[subprocess.Popen[bytes], str]:
+    """One of issue 3's reference proxies (``reference_proxy.py``: FastAPI + ``client``, no logic)."""
+    port = free_port()
+    log = workdir / f"reference-{client}.log"
+    script = str(ROOT / "benchmarks" / "reference_proxy.py")
+    cmd = [sys.executable, script, "--client", client, "--port", str(port), *urls]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=workdir)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 async def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
     """GET /health = 200 (listening), then /ready = 200 (instances probed and their models known)."""
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -4,6 +4,10 @@ One run, side by side on this machine, in three processes so the gateway's CPU i
 
 * 4 instant emulators (engine bypassed) in one process: ``python -m taogate.emulator --fleet 4 --instant``;
 * the gateway: ``taogate serve`` over a temporary config.toml naming the 4 emulators;
+* issue 3's reference proxies (``reference_proxy.py``: FastAPI with aiohttp, and with httpx's default
+  transport), which the issue measured at ~300 and ~1,900 µs of CPU per request beside its 400 µs
+  target: this shared machine's speed moves with its neighbours, so the target is also judged as the
+  ratio it stood in to them, measured in the same rounds;
 * this process: the load generator (aiohttp directly, on uvloop: the cheapest client, so it steals
   the least CPU from the gateway).
 
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from fleetprocs import cpu_seconds, start_emulators, start_gateway, stop_process, wait_ready
+from fleetprocs import cpu_seconds, start_emulators, start_gateway, start_reference, stop_process, wait_ready
 
 MODEL = "emulated-model"
 API_KEY = "overhead-bench-key"
@@ -54,6 +58,11 @@ IDLE_WINDOW_S = 3.0
 TARGET_CPU_PER_REQUEST_US = 400.0
 TARGET_CPU_PER_EVENT_US = 3.0
 TARGET_ADDED_P50_MS = 1.5
+# The issue set its 400 µs beside its own measurements of one FastAPI proxy with two clients:
+# "aiohttp directly" ~300 µs, httpx's default transport ~1,900 µs. This machine's speed moves with its
+# neighbours, so those proxies (benchmarks/reference_proxy.py) run in the same rounds as the gateway
+# and the target is also judged as the ratio it stood in to them (400/300, 400/1,900).
+REFERENCE_CPU_US = {"aiohttp": 300.0, "httpx": 1900.0}
 
 
 # -- load ------------------------------------------------------------------------------------------
@@ -157,6 +166,7 @@ class Round:
     direct: Phase
     gateway: Phase
     gateway_info: Phase | None
+    references: dict[str, Phase]
     sdirect: Phase
     sgateway: Phase
     pdirect: Phase
@@ -203,6 +213,13 @@ class Round:
             f["gateway_info_p50_ms"] = gi.pct(0.5) * 1e3
             f["gateway_info_rps"] = gi.rps
             f["logging_cost_us_per_request"] = f["gateway_info_cpu_us_per_request"] - per_req * 1e6
+        for client, ref in self.references.items():
+            assert ref.gateway_cpu is not None
+            ref_cpu = ref.gateway_cpu / ref.requests * 1e6
+            f[f"ref_{client}_cpu_us_per_request"] = ref_cpu
+            f[f"ref_{client}_vs_issue"] = ref_cpu / REFERENCE_CPU_US[client]
+            f[f"ref_{client}_added_p50_ms"] = (ref.pct(0.5) - d.pct(0.5)) * 1e3
+            f[f"cpu_ratio_to_{client}"] = per_req * 1e6 / ref_cpu
         return f
 
 
@@ -212,7 +229,16 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
     errors = {
         p.name: (p.errors, p.error_kinds)
         for r in rounds
-        for p in (r.direct, r.gateway, r.gateway_info, r.sdirect, r.sgateway, r.pdirect, r.pgateway)
+        for p in (
+            r.direct,
+            r.gateway,
+            r.gateway_info,
+            *r.references.values(),
+            r.sdirect,
+            r.sgateway,
+            r.pdirect,
+            r.pgateway,
+        )
         if p is not None and p.errors
     }
 
@@ -240,6 +266,16 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
         ("gateway CPU µs per request (log info)", "gateway_info_cpu_us_per_request", "{:,.0f}"),
         ("  access-log line cost, µs per request", "logging_cost_us_per_request", "{:,.0f}"),
         ("gateway (log info) requests/s", "gateway_info_rps", "{:,.0f}"),
+        *(
+            row
+            for client, issue_us in REFERENCE_CPU_US.items()
+            for row in (
+                (f"reference FastAPI+{client} CPU µs/request", f"ref_{client}_cpu_us_per_request", "{:,.0f}"),
+                (f"  vs the issue's ~{issue_us:,.0f} µs (machine now)", f"ref_{client}_vs_issue", "{:.2f}"),
+                ("  its added p50 (closed loop), ms", f"ref_{client}_added_p50_ms", "{:.3f}"),
+                ("  gateway CPU / this reference's", f"cpu_ratio_to_{client}", "{:.3f}"),
+            )
+        ),
         ("emulators CPU µs/req (direct | via gateway)", "emulator_cpu_us_per_request_direct", "{:,.0f}"),
         ("  via gateway", "emulator_cpu_us_per_request_gateway", "{:,.0f}"),
         ("load client CPU µs/req, direct", "client_cpu_us_per_request_direct", "{:,.0f}"),
@@ -278,6 +314,25 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
             "ms",
         ),
     ]
+    for client, issue_us in REFERENCE_CPU_US.items():
+        if f"cpu_ratio_to_{client}" in med:
+            checks.insert(
+                1,
+                (
+                    f"  as a ratio to FastAPI+{client} (run)",
+                    med[f"cpu_ratio_to_{client}"],
+                    round(TARGET_CPU_PER_REQUEST_US / issue_us, 2),
+                    "x",
+                ),
+            )
+    checks.append(
+        (
+            f"added p50, paced (≤ {args.concurrency} in flight)",
+            med["paced_added_p50_ms"],
+            TARGET_ADDED_P50_MS,
+            "ms",
+        )
+    )
     print(f"| {'target (gateway issue)':<40} | {'target':>10} | {'measured':>10} | {'':4} |")
     print(f"|{'-' * 42}|{'-' * 12}|{'-' * 12}|{'-' * 6}|")
     verdicts = {}
@@ -324,6 +379,11 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if gwi is not None:
             assert gwi_url is not None
             await wait_ready(gwi, gwi_url, workdir / "gateway-info.log")
+        refs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        for client in args.references:
+            refs[client] = start_reference(workdir, urls, client)
+            procs.append(refs[client][0])
+            await wait_ready(*refs[client], workdir / f"reference-{client}.log")
         print(f"emulators: {' '.join(urls)} (pid {emu.pid})")
         print(
             f"gateway:   {gw_url} (pid {gw.pid})"
@@ -382,6 +442,10 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             if gwi is not None:
                 assert gwi_url is not None
                 await tiny("warm-gateway-info", [gwi_url], gwi.pid, auth, warm)
+            for client, (proc, url) in refs.items():
+                await tiny(
+                    f"warm-reference-{client}", [url], proc.pid, {}, min(warm, args.reference_requests)
+                )
 
             # Background work (health probes, /metrics scrapes) costs CPU with no traffic at all; it is
             # inside every phase's Δcpu, so show it: at R requests/s it adds (idle / R) per request.
@@ -398,11 +462,15 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 if gwi is not None:
                     assert gwi_url is not None
                     gi = await tiny("gateway-info", [gwi_url], gwi.pid, auth, args.requests)
+                rp = {
+                    client: await tiny(f"reference-{client}", [url], proc.pid, {}, args.reference_requests)
+                    for client, (proc, url) in refs.items()
+                }
                 sd = await streams("stream-direct", urls, None, {})
                 sg = await streams("stream-gateway", [gw_url], gw.pid, auth)
                 pd = await paced("paced-direct", urls, None, {})
                 pg = await paced("paced-gateway", [gw_url], gw.pid, auth)
-                rounds.append(Round(d, g, gi, sd, sg, pd, pg))
+                rounds.append(Round(d, g, gi, rp, sd, sg, pd, pg))
                 f = rounds[-1].figures()
                 print(
                     f"round {n + 1}/{args.rounds}: direct p50 {f['direct_p50_ms']:.3f} ms "
@@ -413,6 +481,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         if "gateway_info_cpu_us_per_request" in f
                         else ""
                     )
+                    + "".join(f" (FastAPI+{c} {f[f'ref_{c}_cpu_us_per_request']:,.0f})" for c in refs)
                     + f" | SSE {f['gateway_cpu_us_per_sse_event']:.2f} µs CPU/event"
                     + f" | paced added p50 {f['paced_added_p50_ms']:.3f} ms",
                     flush=True,
@@ -438,8 +507,24 @@ def main() -> None:
     )
     p.add_argument("--paced-seconds", type=float, default=5.0, help="open-loop phase length (default 5)")
     p.add_argument("--skip-info", action="store_true", help="skip the log_level=info gateway phase")
+    p.add_argument(
+        "--references",
+        type=lambda v: [c for c in v.split(",") if c],
+        default=list(REFERENCE_CPU_US),
+        help="issue 3's reference proxies to run beside the gateway, comma-separated "
+        "(default aiohttp,httpx; '' for none): they calibrate the CPU target on a shared machine",
+    )
+    p.add_argument(
+        "--reference-requests",
+        type=int,
+        default=1000,
+        help="tiny requests per reference phase (default 1000: httpx's costs ~4 ms of CPU each here)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args()
+    unknown = set(args.references) - set(REFERENCE_CPU_US)
+    if unknown:
+        p.error(f"unknown reference(s) {sorted(unknown)}; choose from {sorted(REFERENCE_CPU_US)}")
     if not (1 <= args.requests <= 200_000 and 1 <= args.concurrency <= 1024 and 1 <= args.rounds <= 20):
         p.error("--requests 1..200000, --concurrency 1..1024, --rounds 1..20")
     if not (1 <= args.paced_rate <= 20_000 and 0.5 <= args.paced_seconds <= 120):

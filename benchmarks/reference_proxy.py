@@ -1,0 +1,125 @@
+"""Issue 3's reference proxies, to calibrate the overhead benchmark against the issue's own table.
+
+The gateway issue measured one FastAPI proxy with two HTTP clients, "aiohttp directly" at ~300 µs
+of CPU per request and httpx's default transport at ~1,900 µs, and set taogate's target (≤ 400 µs)
+beside them. This machine is shared, so an absolute figure moves with its neighbours; running those
+same proxies in the same rounds as taogate turns the target into ratios that hold whatever the
+machine is doing (400/300 ≈ 1.33x the aiohttp proxy, 400/1,900 ≈ 0.21x the httpx one).
+
+What it is: FastAPI under uvicorn (uvloop, httptools), one route per proxied path, the request body
+read once and forwarded verbatim to the upstreams in turn, the answer returned whole (aiohttp also
+relays a stream chunk by chunk). No auth, dispatch, retries, metrics or logging: the floor of a
+Python proxy built the usual way.
+
+    python benchmarks/reference_proxy.py --client aiohttp --port P http://127.0.0.1:A ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "authorization"}
+Forward = Callable[[str, bytes, dict[str, str]], Awaitable[Response]]
+
+
+def aiohttp_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
+    session: aiohttp.ClientSession | None = None
+
+    async def forward(url: str, body: bytes, headers: dict[str, str]) -> Response:
+        nonlocal session
+        if session is None:  # created inside the server's loop
+            connector = aiohttp.TCPConnector(limit=64, limit_per_host=0, keepalive_timeout=3)
+            session = aiohttp.ClientSession(connector=connector)
+        upstream = await session.post(url, data=body, headers=headers)
+        media = upstream.headers.get("content-type", "application/json")
+        if media.startswith("text/event-stream"):
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        yield chunk
+                finally:
+                    upstream.release()
+
+            return StreamingResponse(chunks(), status_code=upstream.status, media_type=media)
+        content = await upstream.read()
+        upstream.release()
+        return Response(content, status_code=upstream.status, media_type=media)
+
+    async def close() -> None:
+        if session is not None:
+            await session.close()
+
+    return forward, close
+
+
+def httpx_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64), timeout=30)
+
+    async def forward(url: str, body: bytes, headers: dict[str, str]) -> Response:
+        upstream = await client.post(url, content=body, headers=headers)
+        media = upstream.headers.get("content-type", "application/json")
+        return Response(upstream.content, status_code=upstream.status_code, media_type=media)
+
+    return forward, client.aclose
+
+
+CLIENTS = {"aiohttp": aiohttp_client, "httpx": httpx_client}
+
+
+def build(upstreams: list[str], client: str) -> FastAPI:
+    forward, close = CLIENTS[client]()
+    turn = itertools.cycle(upstreams)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await close()
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    @app.get("/ready")
+    async def ready() -> Response:
+        return Response(status_code=200)
+
+    @app.post("/v1/completions")
+    @app.post("/v1/chat/completions")
+    async def proxy(request: Request) -> Response:
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
+        return await forward(next(turn) + request.url.path, body, headers)
+
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--client", choices=sorted(CLIENTS), default="aiohttp")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("upstreams", nargs="+", help="base URLs of the emulators")
+    args = p.parse_args()
+    uvicorn.run(
+        build(args.upstreams, args.client),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+
+
+if __name__ == "__main__":
+    main()
