@@ -1,7 +1,7 @@
 """Dispatch benchmark (issue 4's Proof): round_robin vs least_busy vs least_busy+affinity vs the pooled bound.
 
-An emulated fleet of 4 with one instance 2.5x slower (every row on a fresh fleet, in this process, on
-127.0.0.1), three workloads:
+An emulated fleet of 4 with one instance 2.5x slower (every row on a fresh fleet, on 127.0.0.1; the
+fleet, the gateway and this load generator each in a process of their own), three workloads:
 
 (a) the article's load (64 x ~4,096 tokens, 16 at a time, max_tokens 16), prefix caching OFF and ON;
 (b) mixed traffic: 80% ~200-token / 20% ~8,000-token prompts, streaming, Poisson arrivals at 70% of the
@@ -87,7 +87,9 @@ async def run_rows(
         if args.rows and row.label not in args.rows and row.kind != "pooled":
             continue
         t = time.perf_counter()
-        outcome = await run_scenario(row, wl, configs=configs, max_seconds=args.max_seconds)
+        outcome = await run_scenario(
+            row, wl, configs=configs, max_seconds=args.max_seconds, isolated=not args.in_process
+        )
         counts = " ".join(f"{n}={s.count}" for n, s in sorted(outcome.summary.per_instance.items()))
         console.print(
             f"  {name}: {row.label} done in {time.perf_counter() - t:.1f}s "
@@ -451,6 +453,12 @@ def parse() -> argparse.Namespace:
         metavar="SEEDS",
         help="also run (b) in virtual time on the engine model for this many arrival seeds: the bound, "
         "a dispatcher knowing every instance's exact prefill left, taogate's policy on true state",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the emulated fleet and the gateway in this process (default: each in its own, so "
+        "neither the gateway's nor the load generator's CPU slows the emulated engines)",
     )
     p.add_argument("--json", help="write every run (summaries and samples) here")
     p.add_argument("--plot", help="write a PNG of (a) caching off here")

@@ -12,7 +12,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +21,7 @@ import typer
 import uvicorn
 
 from taogate import __version__
+from taogate.serving import loop_factory
 from taogate.settings import ConfigError, Settings, load_settings, redacted_dump
 
 app = typer.Typer(
@@ -189,17 +189,8 @@ def serve(
         typer.echo(f"taogate: {exc}", err=True)
         raise typer.Exit(2) from None
     source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(settings, source, access))
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed: uvicorn's ``loop="auto"`` only applies when uvicorn owns the loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        return None
-    return uvloop.new_event_loop
 
 
 def tune_runtime() -> None:

@@ -9,13 +9,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
 _STARTUP_TIMEOUT_S = 15.0
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed, for ``asyncio.Runner``: uvicorn's ``loop="auto"`` only applies when
+    uvicorn owns the loop, and our commands run uvicorn inside a loop of their own."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+        return None
+    return uvloop.new_event_loop
 
 
 class EmbeddedServer(uvicorn.Server):

@@ -9,6 +9,8 @@ A ``Scenario`` is one row of the article's table 4.3:
   (prefill and decode speeds summed over the instances, slowdowns applied; batch slots and KV summed).
 
 Each emulated scenario gets a fresh fleet, so caches, learned speeds and stats never leak between rows.
+With ``isolated=True`` the fleet and the gateway each run in a process of their own
+(``bench.isolated``), so neither the gateway's nor the load generator's CPU slows the emulated engines.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 import httpx
 
+from taogate.bench.isolated import fleet_process, fleet_stats, gateway_process
 from taogate.bench.report import Summary, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
 from taogate.bench.workloads import Workload
@@ -206,8 +209,15 @@ async def _gateway_run(
     model: str,
     names: Sequence[str],
     load: dict[str, Any],
+    isolated: bool = False,
 ) -> tuple[Run, dict[str, Any] | None]:
-    async with serve_gateway(gateway_settings(urls, scenario, names=names)) as gw:
+    settings = gateway_settings(urls, scenario, names=names)
+    async with contextlib.AsyncExitStack() as stack:
+        if isolated:
+            key = secrets.token_urlsafe(24)
+            gw = Served(await stack.enter_async_context(gateway_process(settings, key)), key)
+        else:
+            gw = await stack.enter_async_context(serve_gateway(settings))
         run = await run_load([Target(gw.api_base, gw.key)], workload, model, label=scenario.label, **load)
         return run, await admin_instances(gw.url, gw.key)
 
@@ -224,8 +234,10 @@ async def run_scenario(
     max_requests: int | None = None,
     max_seconds: float = 300.0,
     on_sample: SampleHook | None = None,
+    isolated: bool = False,
 ) -> Outcome:
-    """Run ``workload`` under ``scenario``: on a fresh emulated fleet (``configs``) or real ``urls``."""
+    """Run ``workload`` under ``scenario``: on a fresh emulated fleet (``configs``) or real ``urls``;
+    ``isolated``: the emulated fleet and the gateway in processes of their own."""
     load: dict[str, Any] = {
         "headers": headers,
         "max_requests": max_requests,
@@ -251,13 +263,24 @@ async def run_scenario(
     names = ["pooled"] if scenario.kind == "pooled" else [f"i{n}" for n in range(len(fleet_cfgs))]
     model = fleet_cfgs[0].model
     admin = None
-    async with run_fleet(fleet_cfgs) as fleet:
+    async with contextlib.AsyncExitStack() as stack:
+        if isolated:
+            fleet_urls = await stack.enter_async_context(fleet_process(fleet_cfgs))
+        else:
+            fleet = await stack.enter_async_context(run_fleet(fleet_cfgs))
+            fleet_urls = fleet.urls
         if scenario.kind == "gateway":
             run, admin = await _gateway_run(
-                fleet.urls, scenario, workload=workload, model=model, names=names, load=load
+                fleet_urls,
+                scenario,
+                workload=workload,
+                model=model,
+                names=names,
+                load=load,
+                isolated=isolated,
             )
         else:
-            targets = [Target(u + "/v1", "", names[n]) for n, u in enumerate(fleet.urls)]
+            targets = [Target(u + "/v1", "", names[n]) for n, u in enumerate(fleet_urls)]
             run = await run_load(targets, workload, model, label=scenario.label, **load)
-        stats = [inst.stats() for inst in fleet.instances]
+        stats = await fleet_stats(fleet_urls) if isolated else [inst.stats() for inst in fleet.instances]
     return Outcome(scenario, run, summarize(scenario.label, run.samples, names), admin, stats)

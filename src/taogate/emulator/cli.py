@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated
 
@@ -22,6 +22,7 @@ import typer
 
 from taogate.emulator.config import EmulatorConfig, Faults
 from taogate.emulator.fleet import run_fleet
+from taogate.serving import loop_factory
 
 __all__ = ["build_configs", "emulate", "parse_slow"]
 
@@ -55,14 +56,6 @@ def build_configs(base: EmulatorConfig, fleet: int, slow: Sequence[str]) -> list
         replace(base, seed=base.seed + i, slowdown=factors.get(i, base.slowdown), faults=base.faults.copy())
         for i in range(count)
     ]
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
-        return None
-    return uvloop.new_event_loop
 
 
 async def _serve(configs: list[EmulatorConfig], host: str, ports: list[int]) -> None:
@@ -138,5 +131,5 @@ def emulate(
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(configs, host, ports))

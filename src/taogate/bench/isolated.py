@@ -1,0 +1,129 @@
+"""An emulated fleet, or a gateway, in a process of its own, for benchmarks that judge dispatch.
+
+In one process, the gateway's and the load generator's CPU delays the emulated engines' step timers:
+the "GPU" then slows down when the gateway works, which no real GPU does, and the rows that carry a
+gateway are measured on slower engines than the pooled bound (measured on the dispatch benchmark's
+mixed load: event-loop lag p99 ~13 ms, spikes to 0.1-0.7 s, with the process at ~50 % of a core).
+Here each server runs in a child Python process on 127.0.0.1, started from a pickled description,
+and says ``ready URL`` on stdout once listening; the parent reads emulator stats over HTTP.
+
+    async with fleet_process(configs) as urls: ...
+    async with gateway_process(settings, key) as url: ...
+
+The child is always stopped (SIGTERM, then SIGKILL after a bounded wait) when the block exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from taogate.emulator.config import EmulatorConfig
+
+__all__ = ["fleet_process", "fleet_stats", "gateway_process"]
+
+READY = "ready "
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+@contextlib.asynccontextmanager
+async def _child(kind: str, payload: Any, count: int) -> AsyncIterator[list[str]]:
+    """Run ``python -m taogate.bench.isolated KIND FILE`` and yield the ``count`` URLs it announces."""
+    with tempfile.TemporaryDirectory(prefix="taogate-isolated-") as tmp:
+        spec = Path(tmp) / "spec.pickle"
+        spec.write_bytes(pickle.dumps(payload))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "taogate.bench.isolated",
+            kind,
+            str(spec),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            urls: list[str] = []
+            assert proc.stdout is not None
+            async with asyncio.timeout(START_TIMEOUT_S):
+                while len(urls) < count:
+                    line = (await proc.stdout.readline()).decode()
+                    if not line:
+                        raise RuntimeError(f"isolated {kind} exited before it was ready ({proc.returncode})")
+                    if line.startswith(READY):
+                        urls.append(line[len(READY) :].strip())
+            yield urls
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    async with asyncio.timeout(STOP_TIMEOUT_S):
+                        await proc.wait()
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+
+
+def fleet_process(configs: Sequence[EmulatorConfig]) -> contextlib.AbstractAsyncContextManager[list[str]]:
+    """One emulator per config, all in one child process; yields their base URLs in order."""
+    return _child("fleet", list(configs), len(configs))
+
+
+@contextlib.asynccontextmanager
+async def gateway_process(settings: Any, key: str) -> AsyncIterator[str]:
+    """taogate (``settings``, the unified key ``key``) in a child process; yields its root URL."""
+    async with _child("gateway", (settings, key), 1) as urls:
+        yield urls[0]
+
+
+async def fleet_stats(urls: Sequence[str]) -> list[dict[str, Any]]:
+    """Each emulator's own books (``GET /emulator/stats``), in order."""
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        replies = [await client.get(u + "/emulator/stats") for u in urls]
+    return [r.json() for r in replies]
+
+
+# -- the child -------------------------------------------------------------------------------------
+async def _serve(kind: str, payload: Any) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if kind == "fleet":
+        from taogate.emulator.fleet import run_fleet
+
+        async with run_fleet(payload) as fleet:
+            for url in fleet.urls:
+                print(READY + url, flush=True)
+            await stop.wait()
+        return
+    from taogate.app import create_app
+    from taogate.serving import serve_asgi
+
+    settings, key = payload
+    async with serve_asgi(create_app(settings, environ={settings.gateway.api_key_env: key})) as served:
+        print(READY + served.url, flush=True)
+        await stop.wait()
+
+
+def main(argv: Sequence[str]) -> None:
+    kind, spec = argv
+    if kind not in ("fleet", "gateway"):
+        raise SystemExit(f"unknown kind {kind!r}: fleet or gateway")
+    from taogate.serving import loop_factory
+
+    payload = pickle.loads(Path(spec).read_bytes())
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(_serve(kind, payload))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
