@@ -144,7 +144,7 @@ def gateway_settings(
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """A gateway running in this process: its root URL and key."""
+    """A running gateway (in this process or its own): its root URL and key."""
 
     url: str
     key: str
