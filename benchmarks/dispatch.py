@@ -15,10 +15,11 @@ Everything is sized by flags; the defaults take about 2-3 minutes on 2 cores.
     .venv/bin/python benchmarks/dispatch.py --only a_on --rows least_busy   # one part, to iterate
     .venv/bin/python benchmarks/dispatch.py --oracle 6 --only none   # (b) in virtual time, seconds
 
-``--oracle`` replays (b)'s arrivals on the emulator's engine model in virtual time (no HTTP, no CPU
-noise): the pooled bound, a dispatcher that knows the exact prefill left on every instance and sends
-each request where its first token comes soonest, and taogate's least_busy on views built from the
-true state. It says what any dispatcher could reach on this fleet, not what the gateway measured.
+``--oracle`` replays (a) caching off (closed loop) and (b)'s arrivals on the emulator's engine model in
+virtual time (no HTTP, no CPU noise): the pooled bound, a dispatcher that knows the exact prefill left
+on every instance and sends each request where its first token comes soonest, and taogate's
+least_busy on views built from the true state. It says what such dispatchers reach on this fleet,
+not what the gateway measured.
 """
 
 from __future__ import annotations
@@ -246,6 +247,10 @@ class _Sim:
         self.left: dict[str, int] = {}  # request -> prefill tokens not done yet
         self.booked: dict[str, int] = {}  # request -> whole prompt, until its first token
         self.inflight: set[str] = set()
+        # Seconds per output token as the gateway learns it (SpeedEstimator.observe_completion: each
+        # stream's mean pace after its first token, averaged with weight 0.2), so prefill chunks
+        # interleaved with the decode count, as they do live; seeded with an idle step.
+        self.tpot = (config.step_overhead + 8 / config.decode_tokens_per_s) * config.slowdown
 
     def start(self, now: float) -> None:
         if self.plan is None:
@@ -258,7 +263,8 @@ class _Sim:
         return step + (sum(self.left.values()) + tokens) / self.capacity
 
     def view(self) -> InstanceView:
-        """What the gateway would see with perfectly learned speed, fixed latency and decode pace."""
+        """What the gateway would see: exact queues, perfectly learned speed and fixed latency, and the
+        decode pace learned from finished streams as the gateway learns it."""
         c = self.config
         return InstanceView(
             self.name,
@@ -268,62 +274,109 @@ class _Sim:
             decoding=len(self.inflight) - len(self.booked),
             speed=self.capacity,
             base_latency=c.step_overhead * c.slowdown,
-            decode_seconds_per_token=(c.step_overhead + 8 / c.decode_tokens_per_s) * c.slowdown,
+            decode_seconds_per_token=self.tpot,
         )
 
 
-def _simulate(configs: list[EmulatorConfig], wl: workloads.Workload, how: str) -> tuple[float, float]:
-    """p99 TTFT and mean latency of ``wl`` (open loop) over ``configs`` in virtual time.
+class _Replay:
+    """Instances stepped together in virtual time; requests placed by the oracle or by taogate's policy.
 
     ``how``: "oracle" sends each request where its first token comes soonest given the exact prefill
     left everywhere; "least_busy" asks taogate's own policy over views built from the true state.
     """
-    sims = [_Sim(f"i{n}", c) for n, c in enumerate(configs)]
-    policy = LeastBusy()
-    arrivals = sorted(wl.requests, key=lambda r: r.at or 0.0)
-    sizes = {f"r{r.index}": r.approx_tokens + 8 for r in arrivals}  # "Request N of a mixed load. " + body
-    born: dict[str, float] = {}
-    first: dict[str, float] = {}
-    done: dict[str, float] = {}
-    ids = iter(range(10**9))
-    i = 0
-    while i < len(arrivals) or any(s.plan for s in sims):
-        step_end = min((s.plan_end for s in sims if s.plan), default=math.inf)
-        if i < len(arrivals) and (arrivals[i].at or 0.0) <= step_end:
-            spec = arrivals[i]
-            i += 1
-            now, rid, size = spec.at or 0.0, f"r{spec.index}", sizes[f"r{spec.index}"]
-            if how == "oracle":
-                sim = min(sims, key=lambda s: s.ttft_estimate(size))
-            else:
-                facts = RequestFacts("m", size, long=size > 4096, max_tokens=spec.max_tokens)
-                sent = decide(facts, [s.view() for s in sims], policy)
-                assert isinstance(sent, Send)
-                sim = next(s for s in sims if s.name == sent.instance)
-            sim.engine.add(EngineRequest(rid, [next(ids) for _ in range(size)], spec.max_tokens))
-            born[rid] = now
-            sim.left[rid] = sim.booked[rid] = size
-            sim.inflight.add(rid)
-            sim.start(now)
-            continue
-        now = step_end
-        for sim in sims:
+
+    def __init__(self, configs: list[EmulatorConfig], how: str) -> None:
+        self.sims = [_Sim(f"i{n}", c) for n, c in enumerate(configs)]
+        self.how = how
+        self.policy = LeastBusy()
+        self.ids = iter(range(10**9))
+        self.born: dict[str, float] = {}
+        self.first: dict[str, float] = {}
+        self.done: dict[str, float] = {}
+        self.placed: dict[str, str] = {}
+
+    def send(self, rid: str, size: int, max_tokens: int, now: float) -> None:
+        if self.how == "oracle":
+            sim = min(self.sims, key=lambda s: s.ttft_estimate(size))
+        else:
+            facts = RequestFacts("m", size, long=size > 4096, max_tokens=max_tokens)
+            sent = decide(facts, [s.view() for s in self.sims], self.policy)
+            assert isinstance(sent, Send)
+            sim = next(s for s in self.sims if s.name == sent.instance)
+        sim.engine.add(EngineRequest(rid, [next(self.ids) for _ in range(size)], max_tokens))
+        self.born[rid], self.placed[rid] = now, sim.name
+        sim.left[rid] = sim.booked[rid] = size
+        sim.inflight.add(rid)
+        sim.start(now)
+
+    def next_step(self) -> float:
+        return min((s.plan_end for s in self.sims if s.plan), default=math.inf)
+
+    def step(self) -> tuple[float, list[str]]:
+        """Complete every step that ends next; returns the time and the requests that finished."""
+        now, finished = self.next_step(), []
+        for sim in self.sims:
             if sim.plan is None or sim.plan_end > now:
                 continue
             for rid, chunk in sim.plan.prefill:
                 sim.left[rid] = sim.left.get(rid, 0) - chunk
             for out in sim.engine.update(sim.plan):
                 if out.index == 0:
-                    first.setdefault(out.request_id, now)
+                    self.first.setdefault(out.request_id, now)
                     sim.left.pop(out.request_id, None)
                     sim.booked.pop(out.request_id, None)
                 if out.finish_reason is not None:
-                    done[out.request_id] = now
-                    sim.inflight.discard(out.request_id)
+                    rid = out.request_id
+                    self.done[rid] = now
+                    sim.inflight.discard(rid)
+                    finished.append(rid)
+                    if out.index:  # tokens after the first: (tokens - 1)
+                        sim.tpot += 0.2 * ((now - self.first[rid]) / out.index - sim.tpot)
             sim.plan = None
             sim.start(now)
-    ttfts = [first[r] - born[r] for r in born]
-    return percentile(ttfts, 99), sum(done[r] - born[r] for r in born) / len(born)
+        return now, finished
+
+    def mean_latency(self) -> float:
+        return sum(self.done[r] - self.born[r] for r in self.born) / len(self.born)
+
+
+def _simulate(configs: list[EmulatorConfig], wl: workloads.Workload, how: str) -> tuple[float, float]:
+    """p99 TTFT and mean latency of ``wl`` (open loop, (b)) over ``configs`` in virtual time."""
+    replay = _Replay(configs, how)
+    arrivals = sorted(wl.requests, key=lambda r: r.at or 0.0)
+    i = 0
+    while i < len(arrivals) or replay.next_step() < math.inf:
+        if i < len(arrivals) and (arrivals[i].at or 0.0) <= replay.next_step():
+            spec = arrivals[i]
+            i += 1
+            size = spec.approx_tokens + 8  # "Request N of a mixed load. " + body
+            replay.send(f"r{spec.index}", size, spec.max_tokens, spec.at or 0.0)
+            continue
+        replay.step()
+    ttfts = [replay.first[r] - replay.born[r] for r in replay.born]
+    return percentile(ttfts, 99), replay.mean_latency()
+
+
+def _simulate_closed(
+    configs: list[EmulatorConfig], requests: int, concurrency: int, size: int, how: str
+) -> tuple[float, float, float, int]:
+    """(a), caching off, in virtual time: prompt tokens/s, mean and max latency, and the requests the
+    last instance (the slow one) got, for ``requests`` prompts of ``size`` tokens ``concurrency`` at a
+    time (each finished request starts the next, as the benchmark's closed loop does)."""
+    replay = _Replay(configs, how)
+    sent = 0
+    while sent < concurrency and sent < requests:
+        replay.send(f"r{sent}", size, 16, 0.0)
+        sent += 1
+    while replay.next_step() < math.inf:
+        now, finished = replay.step()
+        for _ in finished:
+            if sent < requests:
+                replay.send(f"r{sent}", size, 16, now)
+                sent += 1
+    latencies = [replay.done[r] - replay.born[r] for r in replay.born]
+    slow = sum(1 for name in replay.placed.values() if name == replay.sims[-1].name)
+    return requests * size / max(replay.done.values()), replay.mean_latency(), max(latencies), slow
 
 
 def oracle_table(args: argparse.Namespace, rate: float) -> Table:
@@ -352,6 +405,28 @@ def oracle_table(args: argparse.Namespace, rate: float) -> Table:
     return t
 
 
+def closed_oracle_table(args: argparse.Namespace) -> Table:
+    """(a) caching off on the engine model in virtual time: what greedy dispatch reaches there."""
+    configs = fleet_configs(4, {SLOW: args.slow_factor})
+    size = args.prompt_tokens + 8  # the article's body plus " request number N"
+    t = Table(
+        title=f"(a) caching off in virtual time: {args.requests} x {size} tokens, "
+        f"{args.concurrency} at a time",
+        title_justify="left",
+    )
+    for col in ("dispatch", "% of bound", "mean s", "max s", "max/mean", "on the slow instance"):
+        t.add_column(col, justify="right")
+    rows = (("pooled bound", [pooled_config(configs)], "oracle"), ("oracle", configs, "oracle"))
+    rows += (("least_busy", configs, "least_busy"),)
+    bound = 0.0
+    for label, cfgs, how in rows:
+        tps, mean, worst, slow = _simulate_closed(cfgs, args.requests, args.concurrency, size, how)
+        bound = bound or tps
+        on_slow = "-" if len(cfgs) == 1 else str(slow)
+        t.add_row(label, f"{tps / bound:.1%}", f"{mean:.2f}", f"{worst:.2f}", f"{worst / mean:.2f}", on_slow)
+    return t
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     console = Console(width=150)
     configs = fleet_configs(4, {SLOW: args.slow_factor})
@@ -363,6 +438,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "fleet's summed speeds, batch slots and KV cache"
     )
     if args.oracle:
+        console.print(closed_oracle_table(args))
         console.print(oracle_table(args, rate))
     t0 = time.perf_counter()
     only = set(args.only)
@@ -451,7 +527,8 @@ def parse() -> argparse.Namespace:
         type=int,
         default=0,
         metavar="SEEDS",
-        help="also run (b) in virtual time on the engine model for this many arrival seeds: the bound, "
+        help="also run (a) caching off, and (b) for this many arrival seeds, in virtual time on the engine "
+        "model: the bound, "
         "a dispatcher knowing every instance's exact prefill left, taogate's policy on true state",
     )
     p.add_argument(
