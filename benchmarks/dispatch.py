@@ -13,7 +13,7 @@ Everything is sized by flags; the defaults take about 2-3 minutes on 2 cores.
 
     .venv/bin/python benchmarks/dispatch.py [--requests 64] [--mixed-requests 300] [--json out.json]
     .venv/bin/python benchmarks/dispatch.py --only a_on --rows least_busy   # one part, to iterate
-    .venv/bin/python benchmarks/dispatch.py --oracle 6 --only none   # (b) in virtual time, seconds
+    .venv/bin/python benchmarks/dispatch.py --oracle 6 --only none   # (a), (b) in virtual time, seconds
 
 ``--oracle`` replays (a) caching off (closed loop) and (b)'s arrivals on the emulator's engine model in
 virtual time (no HTTP, no CPU noise): the pooled bound, a dispatcher that knows the exact prefill left
@@ -52,6 +52,7 @@ from taogate.dispatch.policy import LeastBusy
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.engine import Engine, EngineConfig, EngineRequest, StepPlan
+from taogate.serving import loop_factory
 
 for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
     os.environ.pop(_name, None)
@@ -232,7 +233,7 @@ def targets(a_off: list[Outcome], a_on: list[Outcome], b: list[Outcome], c: list
     return t
 
 
-# --- (b) in virtual time: what a dispatcher that knows everything reaches -----------------------------
+# --- (a) and (b) in virtual time: what a dispatcher that knows everything reaches ---------------------------
 
 
 class _Sim:
@@ -361,7 +362,7 @@ def _simulate_closed(
     configs: list[EmulatorConfig], requests: int, concurrency: int, size: int, how: str
 ) -> tuple[float, float, float, int]:
     """(a), caching off, in virtual time: prompt tokens/s, mean and max latency, and the requests the
-    last instance (the slow one) got, for ``requests`` prompts of ``size`` tokens ``concurrency`` at a
+    slow instance got, for ``requests`` prompts of ``size`` tokens ``concurrency`` at a
     time (each finished request starts the next, as the benchmark's closed loop does)."""
     replay = _Replay(configs, how)
     sent = 0
@@ -375,7 +376,7 @@ def _simulate_closed(
                 replay.send(f"r{sent}", size, 16, now)
                 sent += 1
     latencies = [replay.done[r] - replay.born[r] for r in replay.born]
-    slow = sum(1 for name in replay.placed.values() if name == replay.sims[-1].name)
+    slow = sum(1 for name in replay.placed.values() if name == f"i{SLOW}")
     return requests * size / max(replay.done.values()), replay.mean_latency(), max(latencies), slow
 
 
@@ -416,8 +417,11 @@ def closed_oracle_table(args: argparse.Namespace) -> Table:
     )
     for col in ("dispatch", "% of bound", "mean s", "max s", "max/mean", "on the slow instance"):
         t.add_column(col, justify="right")
-    rows = (("pooled bound", [pooled_config(configs)], "oracle"), ("oracle", configs, "oracle"))
-    rows += (("least_busy", configs, "least_busy"),)
+    rows = (
+        ("pooled bound", [pooled_config(configs)], "oracle"),
+        ("oracle", configs, "oracle"),
+        ("least_busy", configs, "least_busy"),
+    )
     bound = 0.0
     for label, cfgs, how in rows:
         tps, mean, worst, slow = _simulate_closed(cfgs, args.requests, args.concurrency, size, how)
@@ -535,7 +539,7 @@ def parse() -> argparse.Namespace:
         "--in-process",
         action="store_true",
         help="run the emulated fleet and the gateway in this process (default: each in its own, so "
-        "neither the gateway's nor the load generator's CPU slows the emulated engines)",
+        "neither the gateway's nor the load generator's CPU slows the emulated engines; all on uvloop)",
     )
     p.add_argument("--json", help="write every run (summaries and samples) here")
     p.add_argument("--plot", help="write a PNG of (a) caching off here")
@@ -544,6 +548,7 @@ def parse() -> argparse.Namespace:
 
 if __name__ == "__main__":
     ns = parse()
-    payload = asyncio.run(main(ns))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop, as the isolated servers run
+        payload = runner.run(main(ns))
     if ns.json:
         write_json(Path(ns.json), payload)

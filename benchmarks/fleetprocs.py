@@ -142,7 +142,7 @@ async def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None
         for path in ("/health", "/ready"):
             while True:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"gateway at {url} not ready ({path}):\n{tail(log)}")
+                    raise RuntimeError(f"server at {url} not ready ({path}):\n{tail(log)}")
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with http.get(url + path) as r:
                         if r.status == 200:

@@ -27,7 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "authorization"}
+DROPPED_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "authorization"}
 Forward = Callable[[str, bytes, dict[str, str]], Awaitable[Response]]
 
 
@@ -51,8 +51,8 @@ def aiohttp_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
                     upstream.release()
 
             return StreamingResponse(chunks(), status_code=upstream.status, media_type=media)
-        content = await upstream.read()
-        upstream.release()
+        async with upstream:
+            content = await upstream.read()
         return Response(content, status_code=upstream.status, media_type=media)
 
     async def close() -> None:
@@ -63,7 +63,7 @@ def aiohttp_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
 
 
 def httpx_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64), timeout=30)
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64), timeout=30, trust_env=False)
 
     async def forward(url: str, body: bytes, headers: dict[str, str]) -> Response:
         upstream = await client.post(url, content=body, headers=headers)
@@ -98,7 +98,7 @@ def build(upstreams: list[str], client: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def proxy(request: Request) -> Response:
         body = await request.body()
-        headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k not in DROPPED_HEADERS}
         return await forward(next(turn) + request.url.path, body, headers)
 
     return app

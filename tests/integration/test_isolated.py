@@ -3,10 +3,15 @@ benchmark runs them; the children answer on 127.0.0.1 and are gone when the bloc
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
+import pytest
 
+from taogate.bench import isolated
 from taogate.bench.isolated import fleet_process, fleet_stats, gateway_process
 from taogate.bench.scenarios import Scenario, gateway_settings, run_scenario
 from taogate.bench.workloads import article
@@ -50,3 +55,30 @@ async def test_run_scenario_isolated_reports_the_emulators_books() -> None:
     assert outcome.summary.ok == 6
     assert sum(int(s["prompt_tokens"]) for s in outcome.emulator) >= 6 * 290
     assert outcome.admin is not None
+
+
+async def test_a_child_that_dies_at_start_is_reported_with_its_exit_code() -> None:
+    with pytest.raises(RuntimeError, match=r"isolated gateway exited with code 1 before it was ready"):
+        async with gateway_process(object(), "the-key"):  # not Settings: the child fails at once
+            pass
+
+
+async def test_a_child_not_ready_in_time_is_reported_and_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(isolated, "START_TIMEOUT_S", 0.01)
+    before = _children()
+    with pytest.raises(RuntimeError, match=r"isolated fleet was not ready within 0.01 s"):
+        async with fleet_process([QUICK]):
+            pass
+    assert _children() == before
+
+
+def _children() -> set[int]:
+    """This process's live child processes (from /proc)."""
+    me = os.getpid()
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == me and fields[0] != "Z":
+                kids.add(int(stat.parent.name))
+    return kids

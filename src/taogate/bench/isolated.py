@@ -10,13 +10,15 @@ and says ``ready URL`` on stdout once listening; the parent reads emulator stats
     async with fleet_process(configs) as urls: ...
     async with gateway_process(settings, key) as url: ...
 
-The child is always stopped (SIGTERM, then SIGKILL after a bounded wait) when the block exits.
+The child is stopped when the block exits: SIGTERM, then SIGKILL after a bounded wait, or at once if
+the block is cancelled meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import pickle
 import signal
 import sys
@@ -48,28 +50,49 @@ async def _child(kind: str, payload: Any, count: int) -> AsyncIterator[list[str]
             "taogate.bench.isolated",
             kind,
             str(spec),
-            stdout=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,  # the ready lines; the child then points its stdout at stderr
         )
         try:
-            urls: list[str] = []
-            assert proc.stdout is not None
-            async with asyncio.timeout(START_TIMEOUT_S):
-                while len(urls) < count:
-                    line = (await proc.stdout.readline()).decode()
-                    if not line:
-                        raise RuntimeError(f"isolated {kind} exited before it was ready ({proc.returncode})")
-                    if line.startswith(READY):
-                        urls.append(line[len(READY) :].strip())
-            yield urls
+            yield await _ready_urls(proc, kind, count)
         finally:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    async with asyncio.timeout(STOP_TIMEOUT_S):
-                        await proc.wait()
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await _stop(proc)
+
+
+async def _ready_urls(proc: asyncio.subprocess.Process, kind: str, count: int) -> list[str]:
+    urls: list[str] = []
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while len(urls) < count:
+                line = (await proc.stdout.readline()).decode()
+                if not line:
+                    code = await proc.wait()
+                    raise RuntimeError(f"isolated {kind} exited with code {code} before it was ready")
+                if line.startswith(READY):
+                    urls.append(line[len(READY) :].strip())
+    except TimeoutError:
+        raise RuntimeError(f"isolated {kind} was not ready within {START_TIMEOUT_S:g} s") from None
+    return urls
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after a bounded wait; a cancellation meanwhile kills it at once."""
+    if proc.returncode is not None:
+        return
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(STOP_TIMEOUT_S):
+            await proc.wait()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
 
 
 def fleet_process(configs: Sequence[EmulatorConfig]) -> contextlib.AbstractAsyncContextManager[list[str]]:
@@ -101,8 +124,7 @@ async def _serve(kind: str, payload: Any) -> None:
         from taogate.emulator.fleet import run_fleet
 
         async with run_fleet(payload) as fleet:
-            for url in fleet.urls:
-                print(READY + url, flush=True)
+            _announce(fleet.urls)
             await stop.wait()
         return
     from taogate.app import create_app
@@ -110,8 +132,16 @@ async def _serve(kind: str, payload: Any) -> None:
 
     settings, key = payload
     async with serve_asgi(create_app(settings, environ={settings.gateway.api_key_env: key})) as served:
-        print(READY + served.url, flush=True)
+        _announce([served.url])
         await stop.wait()
+
+
+def _announce(urls: Sequence[str]) -> None:
+    """Say ``ready URL`` on stdout, then send stdout to stderr: nobody reads the pipe after the ready
+    lines, and a full pipe would block this process's event loop (and its emulated engines)."""
+    for url in urls:
+        print(READY + url, flush=True)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
 
 def main(argv: Sequence[str]) -> None:
