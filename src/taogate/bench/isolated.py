@@ -128,10 +128,13 @@ async def _serve(kind: str, payload: Any) -> None:
             await stop.wait()
         return
     from taogate.app import create_app
+    from taogate.cli import tune_runtime
     from taogate.serving import serve_asgi
 
     settings, key = payload
-    async with serve_asgi(create_app(settings, environ={settings.gateway.api_key_env: key})) as served:
+    application = create_app(settings, environ={settings.gateway.api_key_env: key})
+    tune_runtime()  # as ``taogate serve`` does
+    async with serve_asgi(application) as served:
         _announce([served.url])
         await stop.wait()
 
