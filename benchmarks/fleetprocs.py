@@ -124,12 +124,48 @@ def start_gateway(
     return proc, f"http://127.0.0.1:{port}"
 
 
+NGINX_CONF = """\
+daemon off;
+master_process off;  # one process, so its CPU is read from one /proc/<pid>/stat
+worker_processes 1;
+pid {workdir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {workdir}/nginx-body;
+    proxy_temp_path {workdir}/nginx-proxy;
+    upstream emulators {{
+{servers}
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location = /health {{ return 200; }}
+        location = /ready {{ return 200; }}
+        location / {{
+            proxy_pass http://emulators;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
 def start_reference(workdir: Path, urls: list[str], client: str) -> tuple[subprocess.Popen[bytes], str]:
-    """One of issue 3's reference proxies (``reference_proxy.py``: FastAPI + ``client``, no logic)."""
+    """One of issue 3's reference proxies: ``reference_proxy.py`` (FastAPI + ``client``, no logic), or
+    nginx (``client="nginx"``, round robin over keep-alive upstream connections)."""
     port = free_port()
     log = workdir / f"reference-{client}.log"
-    script = str(ROOT / "benchmarks" / "reference_proxy.py")
-    cmd = [sys.executable, script, "--client", client, "--port", str(port), *urls]
+    if client == "nginx":
+        conf = workdir / "nginx.conf"
+        servers = "\n".join(f"        server {u.removeprefix('http://')};" for u in urls)
+        conf.write_text(NGINX_CONF.format(workdir=workdir, servers=servers, port=port))
+        cmd = ["nginx", "-p", str(workdir), "-e", "stderr", "-c", str(conf)]
+    else:
+        script = str(ROOT / "benchmarks" / "reference_proxy.py")
+        cmd = [sys.executable, script, "--client", client, "--port", str(port), *urls]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=workdir)
     return proc, f"http://127.0.0.1:{port}"
 

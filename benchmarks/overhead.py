@@ -5,9 +5,9 @@ One run, side by side on this machine, each server in its own process so its CPU
 * 4 instant emulators (engine bypassed) in one process: ``python -m taogate.emulator --fleet 4 --instant``;
 * the gateway: ``taogate serve`` over a temporary config.toml naming the 4 emulators;
 * issue 3's reference proxies (``reference_proxy.py``: FastAPI with aiohttp, and with httpx's default
-  transport), which the issue measured at ~300 and ~1,900 µs of CPU per request beside its 400 µs
-  target: this shared machine's speed moves with its neighbours, so the target is also judged as the
-  ratio it stood in to them, measured in the same rounds;
+  transport; and nginx when installed), which the issue measured at ~300, ~1,900 and 28 µs of CPU per
+  request beside its 400 µs target: this shared machine's speed moves with its neighbours, so the
+  target is also judged as the ratio it stood in to them, measured in the same rounds;
 * this process: the load generator (aiohttp directly, on uvloop: the cheapest client, so it steals
   the least CPU from the gateway).
 
@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -60,10 +61,12 @@ TARGET_CPU_PER_REQUEST_US = 400.0
 TARGET_CPU_PER_EVENT_US = 3.0
 TARGET_ADDED_P50_MS = 1.5
 # The issue set its 400 µs beside its own measurements of one FastAPI proxy with two clients:
-# "aiohttp directly" ~300 µs, httpx's default transport ~1,900 µs. This machine's speed moves with its
-# neighbours, so those proxies (benchmarks/reference_proxy.py) run in the same rounds as the gateway
-# and the target is also judged as the ratio it stood in to them (400/300, 400/1,900).
-REFERENCE_CPU_US = {"aiohttp": 300.0, "httpx": 1900.0}
+# "aiohttp directly" ~300 µs, httpx's default transport ~1,900 µs, and "for scale" nginx at 28 µs.
+# This machine's speed moves with its neighbours, so those proxies (benchmarks/reference_proxy.py,
+# and nginx when installed) run in the same rounds as the gateway, and the target is also judged as
+# the ratio it stood in to them (400/300, 400/1,900, 400/28).
+REFERENCE_CPU_US = {"aiohttp": 300.0, "httpx": 1900.0, "nginx": 28.0}
+DEFAULT_REFERENCES = [c for c in REFERENCE_CPU_US if c != "nginx" or shutil.which("nginx")]
 
 
 # -- load ------------------------------------------------------------------------------------------
@@ -158,6 +161,10 @@ async def run_phase(
 
 
 # -- report ----------------------------------------------------------------------------------------
+def _label(reference: str) -> str:
+    return reference if reference == "nginx" else f"FastAPI+{reference}"
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -271,7 +278,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
             line
             for client, issue_us in REFERENCE_CPU_US.items()
             for line in (
-                (f"reference FastAPI+{client} CPU µs/request", f"ref_{client}_cpu_us_per_request", "{:,.0f}"),
+                (f"reference {_label(client)} CPU µs/request", f"ref_{client}_cpu_us_per_request", "{:,.0f}"),
                 (f"  vs the issue's ~{issue_us:,.0f} µs (machine now)", f"ref_{client}_vs_issue", "{:.2f}"),
                 ("  its added p50 (closed loop), ms", f"ref_{client}_added_p50_ms", "{:.3f}"),
                 ("  gateway CPU / this reference's", f"cpu_ratio_to_{client}", "{:.3f}"),
@@ -304,7 +311,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
         ),
         *(
             (
-                f"  as a ratio to FastAPI+{client} (run)",
+                f"  as a ratio to {_label(client)} (run)",
                 med[f"cpu_ratio_to_{client}"],
                 round(TARGET_CPU_PER_REQUEST_US / issue_us, 2),
                 "x",
@@ -460,8 +467,14 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 if gwi is not None:
                     assert gwi_url is not None
                     gi = await tiny("gateway-info", [gwi_url], gwi.pid, auth, args.requests)
-                rp = {
-                    client: await tiny(f"reference-{client}", [url], proc.pid, {}, args.reference_requests)
+                rp = {  # nginx is as fast as the emulators: a full phase, for the CPU counters' 10 ms ticks
+                    client: await tiny(
+                        f"reference-{client}",
+                        [url],
+                        proc.pid,
+                        {},
+                        args.requests if client == "nginx" else args.reference_requests,
+                    )
                     for client, (proc, url) in refs.items()
                 }
                 sd = await streams("stream-direct", urls, None, {})
@@ -479,7 +492,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         if "gateway_info_cpu_us_per_request" in f
                         else ""
                     )
-                    + "".join(f" (FastAPI+{c} {f[f'ref_{c}_cpu_us_per_request']:,.0f})" for c in refs)
+                    + "".join(f" ({_label(c)} {f[f'ref_{c}_cpu_us_per_request']:,.0f})" for c in refs)
                     + f" | SSE {f['gateway_cpu_us_per_sse_event']:.2f} µs CPU/event"
                     + f" | paced added p50 {f['paced_added_p50_ms']:.3f} ms",
                     flush=True,
@@ -508,15 +521,17 @@ def main() -> None:
     p.add_argument(
         "--references",
         type=lambda v: [c for c in v.split(",") if c],
-        default=list(REFERENCE_CPU_US),
+        default=DEFAULT_REFERENCES,
         help="issue 3's reference proxies to run beside the gateway, comma-separated "
-        "(default aiohttp,httpx; '' for none): they calibrate the CPU target on a shared machine",
+        "(default aiohttp,httpx, and nginx when installed; '' for none): they calibrate the CPU "
+        "target on a shared machine",
     )
     p.add_argument(
         "--reference-requests",
         type=int,
         default=1000,
-        help="tiny requests per reference phase (default 1000: httpx's costs ~4 ms of CPU each here)",
+        help="tiny requests per FastAPI reference phase (default 1000: httpx's costs ~4 ms of CPU each "
+        "here); nginx gets --requests",
     )
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args()
