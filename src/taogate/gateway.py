@@ -34,11 +34,13 @@ from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.tokens import PromptSize, TokenEstimator, load_exact_counter
 from taogate.dispatch.types import RequestFacts
 from taogate.dispatcher import Dispatcher
+from taogate.dropped import SERVER_LOGGER, DroppedResponses
 from taogate.errors import GatewayError, NoInstance
 from taogate.fleet import Fleet, specs_from_settings
 from taogate.instances import Instance, InstanceSpec, Lease
 from taogate.intake import (
     ClientGone,
+    ClientStalled,
     Route,
     model_of,
     parse_json_object,
@@ -144,6 +146,7 @@ class Gateway:
         self.probes = Probes(self)
         self.accepting = True
         self._active = 0  # requests being handled (for graceful shutdown)
+        self.dropped = DroppedResponses()  # hides the server's complaint about our deliberate drops
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -160,6 +163,7 @@ class Gateway:
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.upstream = Upstream(self.settings.gateway)
+        logging.getLogger(SERVER_LOGGER).addFilter(self.dropped)
         await self.probes.start()
 
     async def stop(self) -> None:
@@ -178,6 +182,7 @@ class Gateway:
         if self.upstream is not None:
             await self.upstream.aclose()
             self.upstream = None
+        logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)
 
     def reload_from_source(self) -> tuple[list[str], list[str], list[str]]:
         """Re-read the config files (SIGHUP, POST /admin/reload); ConfigError keeps the old config."""
@@ -277,9 +282,15 @@ class Gateway:
             up_headers = upstream_headers(headers, request_id=rid, tag=tag)
             ex = Exchange(route, facts, size, body, up_headers, rid, send, rec)
             await self._serve_watching_disconnect(ex, receive)
-        except ClientGone:
+        except ClientGone as exc:
             rec.status = 499
             self.metrics.client_disconnects.inc()
+            if isinstance(exc, ClientStalled):  # connected, not reading: the response stays unfinished
+                rec.error = "client_stalled"
+                self.dropped.expect()
+                log.warning(
+                    "request %s: client dropped, %s; the instance request was aborted", rid.decode(), exc
+                )
         except GatewayError as exc:
             rec.status = exc.status
             rec.error = exc.code

@@ -83,6 +83,10 @@ class ClientGone(Exception):
     """The client disconnected; nothing more can be sent to it."""
 
 
+class ClientStalled(ClientGone):
+    """The client keeps its connection open but stopped reading: the gateway drops it."""
+
+
 def request_id(raw: bytes | None) -> bytes:
     """The client's X-Request-Id when it is a sane token (it goes upstream and into logs), else a new one."""
     if raw and len(raw) <= 128 and raw.isascii() and raw.replace(b"-", b"").replace(b"_", b"").isalnum():

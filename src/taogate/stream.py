@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taogate.errors import sse_error_event
-from taogate.intake import ClientGone
+from taogate.intake import ClientStalled
 from taogate.relay import IdleGuard, UsageTap
 from taogate.upstream import UPSTREAM_ERRORS, UpstreamResponse
 
@@ -36,7 +36,7 @@ async def relay_sse(
     on_last_message: Callable[[], None],
 ) -> StreamEnd:
     """Relay the body of an already-started SSE response; always sends the final body message,
-    unless the client stopped reading for ``stall`` seconds: then ``ClientGone``."""
+    unless the client stopped reading for ``stall`` seconds: then ``ClientStalled``."""
     tap = UsageTap()
     guard = IdleGuard(idle, stall)
     first = True
@@ -60,7 +60,7 @@ async def relay_sse(
             raise
         task.uncancel()
         if guard.stalled:
-            raise ClientGone(f"the client read nothing for {stall:g}s") from None
+            raise ClientStalled(f"the client read nothing for {stall:g}s") from None
         error = ("stream_idle_timeout", f"no data from instance {instance} for {idle:g}s")
     except UPSTREAM_ERRORS as exc:
         error = ("upstream_stream_broken", f"instance {instance} broke the stream ({type(exc).__name__})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import signal
 import socket
@@ -138,10 +139,11 @@ async def test_a_stalled_stream_is_ended_by_the_idle_timeout(gateway_factory: Ga
 
 
 async def test_a_client_that_stops_reading_is_dropped_and_frees_its_slot(
-    gateway_factory: GatewayFactory,
+    gateway_factory: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A client that keeps its connection open but reads nothing would hold the instance slot for
-    ever: past client_stall_timeout the gateway aborts the instance request and frees the slot."""
+    ever: past client_stall_timeout the gateway aborts the instance request and frees the slot. It
+    says so in a warning, and the server's ERROR about the unfinished response is not logged."""
     async with gateway_factory(fleet(1, instant=True), gateway={"client_stall_timeout": 0.3}) as gw:
         port = int(gw.url.rsplit(":", 1)[1])
         sock = socket.socket()
@@ -162,9 +164,13 @@ async def test_a_client_that_stops_reading_is_dropped_and_frees_its_slot(
             await wait_for(lambda: gw.fleet.instances[0].stats()["in_flight"] == 0)
             text = generate_latest(gw.gateway.registry).decode()
             assert "taogate_client_disconnects_total 1.0" in text
+            await wait_for(lambda: any("client dropped" in r.getMessage() for r in caplog.records))
         finally:
             sock.close()
         assert_nothing_leaked(gw)
+    [warning] = [r for r in caplog.records if "client dropped" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "read nothing for 0.3s" in warning.getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_randomized_disconnects_and_timeouts_leak_nothing(gateway_factory: GatewayFactory) -> None:
