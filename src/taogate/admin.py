@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from taogate.auth import header
 from taogate.errors import BadRequest, NotFound
+from taogate.observe.status import status_rows
+from taogate.proxy.auth import header
 from taogate.settings import ConfigError
-from taogate.status import status_rows
 
 if TYPE_CHECKING:
     from taogate.gateway import Gateway

@@ -19,10 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taogate.admin import admin_router
-from taogate.auth import header
 from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized, error_body
 from taogate.gateway import Gateway
-from taogate.intake import ROUTES, Route
+from taogate.proxy.auth import header
+from taogate.proxy.intake import ROUTES, Route
 from taogate.settings import Settings
 
 log = logging.getLogger("taogate.app")

@@ -25,20 +25,22 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
-from taogate.access_log import AccessLog, RequestRecord
-from taogate.accounting import Accounting
-from taogate.auth import KeyCheck, header
-from taogate.discovery import Resolver, discovered_specs, system_resolver
+from taogate.control.discovery import Resolver, discovered_specs, system_resolver
+from taogate.control.probes import Probes
 from taogate.dispatch.policy import Policy, make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.tokens import PromptSize, TokenEstimator, load_exact_counter
 from taogate.dispatch.types import RequestFacts
-from taogate.dispatcher import Dispatcher
-from taogate.dropped import SERVER_LOGGER, DroppedResponses
 from taogate.errors import GatewayError, NoInstance
-from taogate.fleet import Fleet, specs_from_settings
-from taogate.instances import Instance, InstanceSpec, Lease
-from taogate.intake import (
+from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.fleet import Fleet, specs_from_settings
+from taogate.fleet.instance import Instance, InstanceSpec, Lease
+from taogate.observe.access_log import AccessLog, RequestRecord
+from taogate.observe.accounting import Accounting
+from taogate.observe.dropped import SERVER_LOGGER, DroppedResponses
+from taogate.observe.metrics import FleetCollector, GatewayMetrics
+from taogate.proxy.auth import KeyCheck, header
+from taogate.proxy.intake import (
     ClientGone,
     ClientStalled,
     Route,
@@ -48,13 +50,10 @@ from taogate.intake import (
     request_facts,
     request_id,
 )
-from taogate.metrics import FleetCollector, GatewayMetrics
-from taogate.probes import Probes
-from taogate.relay import usage_of_body
-from taogate.retry import FailureKind, RetryBudget, backoff, classify
-from taogate.settings import ConfigError, Settings
-from taogate.stream import relay_sse
-from taogate.upstream import (
+from taogate.proxy.relay import usage_of_body
+from taogate.proxy.retry import FailureKind, RetryBudget, backoff, classify
+from taogate.proxy.stream import relay_sse
+from taogate.proxy.upstream import (
     UPSTREAM_ERRORS,
     AttemptFailure,
     Upstream,
@@ -63,6 +62,7 @@ from taogate.upstream import (
     translate,
     upstream_headers,
 )
+from taogate.settings import ConfigError, Settings
 
 log = logging.getLogger("taogate.gateway")
 

@@ -10,8 +10,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _text
 from taogate.cli import LOG_FORMAT, BatchedStreamHandler, SecondCachedFormatter
+from taogate.observe.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _text
 
 
 def reference_text_line(rec: RequestRecord) -> str:

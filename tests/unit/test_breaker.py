@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogate.breaker import Breaker, BreakerState, BreakerTransition
+from taogate.fleet.breaker import Breaker, BreakerState, BreakerTransition
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 

@@ -14,8 +14,8 @@ from taogate.dispatch.policy import LeastBusy
 from taogate.dispatch.slow import slow_instances
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts
-from taogate.fleet import Fleet, specs_from_settings
-from taogate.instances import Lease
+from taogate.fleet.fleet import Fleet, specs_from_settings
+from taogate.fleet.instance import Lease
 from tests.conftest import gateway_settings
 
 # --- fixed latency ----------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import pytest
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
-from taogate.dispatcher import Dispatcher
-from taogate.fleet import Fleet, specs_from_settings
+from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.settings import InstanceSettings, Settings
 
 FACTS = RequestFacts(model=None, prompt_tokens=10, long=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from taogate.dropped import INCOMPLETE_RESPONSE, DroppedResponses
+from taogate.observe.dropped import INCOMPLETE_RESPONSE, DroppedResponses
 
 
 def record(msg: str) -> logging.LogRecord:

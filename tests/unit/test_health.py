@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogate.health import HealthState, HealthTracker, Transition, probe_result
+from taogate.fleet.health import HealthState, HealthTracker, Transition, probe_result
 
 
 def test_unknown_is_not_eligible_until_first_good_probe() -> None:

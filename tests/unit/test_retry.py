@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogate.retry import FailureKind, RetryBudget, Verdict, backoff, classify
+from taogate.proxy.retry import FailureKind, RetryBudget, Verdict, backoff, classify
 
 # -- backoff -------------------------------------------------------------------------------------
 

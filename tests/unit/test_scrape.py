@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from taogate.scrape import (
+from taogate.fleet.engine import (
     EngineSample,
     ScrapeError,
     engine_stats,

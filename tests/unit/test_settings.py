@@ -236,7 +236,7 @@ def test_overflow_name_must_not_collide_with_an_instance(tmp_path: Path) -> None
 
 
 def test_instance_keys_are_trimmed_and_control_characters_refused() -> None:
-    from taogate.fleet import specs_from_settings
+    from taogate.fleet.fleet import specs_from_settings
 
     s = Settings.model_validate(
         {"instances": [{"url": "http://127.0.0.1:9000", "name": "a", "api_key_env": "A_KEY"}]}

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.window import RollingWindow, percentile
+from taogate.fleet.window import RollingWindow, percentile
 
 
 def test_counts_expire_after_the_window() -> None:

@@ -27,9 +27,9 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from taogate import h1
-from taogate.auth import CREDENTIAL_HEADERS
 from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
-from taogate.retry import FailureKind
+from taogate.proxy.auth import CREDENTIAL_HEADERS
+from taogate.proxy.retry import FailureKind
 from taogate.settings import GatewaySettings
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the relay recomputes; never forwarded either way.

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from taogate.breaker import Breaker
 from taogate.dispatch.pending import Pending, speed_bound
 from taogate.dispatch.types import EngineStats, InstanceView, Role
-from taogate.health import HealthState, HealthTracker
-from taogate.scrape import EngineSample, engine_stats
-from taogate.window import RollingWindow
+from taogate.fleet.breaker import Breaker
+from taogate.fleet.engine import EngineSample, engine_stats
+from taogate.fleet.health import HealthState, HealthTracker
+from taogate.fleet.window import RollingWindow
 
 #: Seconds an instance's speed bound from its pending requests is reused (see Instance.speed_bound).
 BOUND_TTL = 0.005

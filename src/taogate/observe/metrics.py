@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from taogate.scrape import hit_rate
+from taogate.fleet.engine import hit_rate
 
 if TYPE_CHECKING:
-    from taogate.dispatcher import Dispatcher
-    from taogate.fleet import Fleet
+    from taogate.fleet.dispatcher import Dispatcher
+    from taogate.fleet.fleet import Fleet
 
 # From a 5 ms tiny request to a multi-minute long-prefill stream.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from taogate.breaker import BreakerState
+from taogate.fleet.breaker import BreakerState
 
 if TYPE_CHECKING:
+    from taogate.fleet.instance import Instance
     from taogate.gateway import Gateway
-    from taogate.instances import Instance
 
 
 def verdict(inst: Instance, now: float, slow: bool, relative: float) -> str:

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from taogate.breaker import BreakerTransition
-from taogate.health import HealthState, probe_result
-from taogate.scrape import ScrapeError, parse_vllm_metrics
-from taogate.warmup import WarmupTarget, warm_up
+from taogate.control.warmup import WarmupTarget, warm_up
+from taogate.fleet.breaker import BreakerTransition
+from taogate.fleet.engine import ScrapeError, parse_vllm_metrics
+from taogate.fleet.health import HealthState, probe_result
 
 if TYPE_CHECKING:
+    from taogate.fleet.instance import Instance
     from taogate.gateway import Gateway
-    from taogate.instances import Instance
 
 log = logging.getLogger("taogate.health")
 

@@ -15,8 +15,8 @@ from typing import Any
 from taogate.dispatch.slow import slow_instances
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView
-from taogate.instances import Instance, InstanceSpec
-from taogate.scrape import stale_after
+from taogate.fleet.engine import stale_after
+from taogate.fleet.instance import Instance, InstanceSpec
 from taogate.settings import ConfigError, InstanceSettings, Settings
 
 log = logging.getLogger("taogate.fleet")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from taogate.errors import sse_error_event
-from taogate.intake import ClientStalled
-from taogate.relay import IdleGuard, UsageTap
-from taogate.upstream import UPSTREAM_ERRORS, UpstreamResponse
+from taogate.proxy.intake import ClientStalled
+from taogate.proxy.relay import IdleGuard, UsageTap
+from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 

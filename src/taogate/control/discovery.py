@@ -12,7 +12,7 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 
-from taogate.instances import InstanceSpec
+from taogate.fleet.instance import InstanceSpec
 from taogate.settings import DiscoverySettings, Settings
 
 #: (host, port) → the addresses it resolves to; injectable so tests need no DNS server.

@@ -23,8 +23,8 @@ from taogate.dispatch.admission import decide, retry_after_seconds
 from taogate.dispatch.policy import Policy, RoundRobin
 from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
-from taogate.fleet import Fleet
-from taogate.instances import Lease
+from taogate.fleet.fleet import Fleet
+from taogate.fleet.instance import Lease
 
 log = logging.getLogger("taogate.dispatch")
 

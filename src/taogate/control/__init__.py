@@ -1,0 +1,1 @@
+"""Background work that keeps the fleet picture current: probes, scrapes, warm-up, discovery."""

@@ -1,0 +1,1 @@
+"""The instances and their live state: health, breaker, leases, engine stats, and the wait queue."""
