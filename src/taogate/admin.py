@@ -9,35 +9,46 @@ POST /admin/reload                  re-read the config files; an invalid config 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
 from taogate.errors import BadRequest, NotFound
+from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.fleet import Fleet
+from taogate.fleet.instance import Instance
 from taogate.observe.status import status_rows
-from taogate.proxy.auth import header
+from taogate.proxy.auth import KeyCheck, header
 from taogate.settings import ConfigError
-
-if TYPE_CHECKING:
-    from taogate.gateway import Gateway
 
 log = logging.getLogger("taogate.admin")
 
 
-def admin_router(gateway: Gateway) -> APIRouter:
+Changes = tuple[list[str], list[str], list[str]]
+
+
+def admin_router(
+    fleet: Fleet,
+    dispatcher: Dispatcher,
+    *,
+    keys: Callable[[], KeyCheck],
+    reload_config: Callable[[], Changes],
+    clock: Callable[[], float],
+) -> APIRouter:
     def require_admin(request: Request) -> None:
-        gateway.keys.check_admin(header(request.scope["headers"], b"authorization"))
+        keys().check_admin(header(request.scope["headers"], b"authorization"))
 
     router = APIRouter(dependencies=[Depends(require_admin)])
 
     @router.get("/instances")
     async def instances() -> dict[str, Any]:
-        return {"queued": gateway.dispatcher.queued, "instances": status_rows(gateway)}
+        return {"queued": dispatcher.queued, "instances": status_rows(fleet, clock())}
 
-    def find(name: str) -> Any:
-        inst = gateway.fleet.find(name)
+    def find(name: str) -> Instance:
+        inst = fleet.find(name)
         if inst is None:
-            known = ", ".join(i.name for i in gateway.fleet)
+            known = ", ".join(i.name for i in fleet)
             raise NotFound(f"No instance named {name!r}; instances: {known}.", code="instance_not_found")
         return inst
 
@@ -55,13 +66,13 @@ def admin_router(gateway: Gateway) -> APIRouter:
         if inst.draining:
             inst.draining = False
             log.info("instance %s takes work again", name)
-            gateway.dispatcher.pump()
+            dispatcher.pump()
         return {"instance": name, "draining": False, "inflight": inst.inflight}
 
     @router.post("/reload")
     async def reload() -> dict[str, Any]:
         try:
-            added, removed, changed = gateway.reload_from_source()
+            added, removed, changed = reload_config()
         except ConfigError as exc:
             log.error("reload refused, the running config stays: %s", exc)
             raise BadRequest(

@@ -22,7 +22,7 @@ from taogate.admin import admin_router
 from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized, error_body
 from taogate.gateway import Gateway
 from taogate.proxy.auth import header
-from taogate.proxy.intake import ROUTES, Route
+from taogate.proxy.routes import ROUTES, Route
 from taogate.settings import Settings
 
 log = logging.getLogger("taogate.app")
@@ -99,10 +99,17 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
 
+    admin = admin_router(
+        gateway.fleet,
+        gateway.dispatcher,
+        keys=lambda: gateway.keys,
+        reload_config=gateway.reload_from_source,
+        clock=gateway.clock,
+    )
     for base in {"", prefix}:
         api.add_api_route(f"{base}/v1/models", models, methods=["GET"])
         api.add_api_route(f"{base}/metrics", metrics, methods=["GET"])
-        api.include_router(admin_router(gateway), prefix=f"{base}/admin")
+        api.include_router(admin, prefix=f"{base}/admin")
     return api
 
 
@@ -119,7 +126,7 @@ class TaogateApp:
             route = self._routes.get(scope["path"])
             if route is not None:
                 if scope["method"] == "POST":
-                    await self.gateway.handle(route, scope, receive, send)
+                    await self.gateway.pipeline.handle(route, scope, receive, send)
                     return
                 exc = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}: use POST.")
                 await send(

@@ -211,7 +211,7 @@ async def test_a_bug_inside_the_gateway_is_an_openai_shaped_500_and_holds_nothin
     def broken(*_: object) -> int:
         raise RuntimeError("boom")
 
-    gw.gateway.tokens.estimate = broken  # type: ignore[method-assign]
+    gw.gateway.pipeline.intake.tokens.estimate = broken  # type: ignore[method-assign]
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=10) as h:
         r = await h.post(gw.api + "/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
     assert r.status_code == 500

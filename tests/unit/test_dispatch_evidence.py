@@ -15,7 +15,7 @@ from taogate.dispatch.slow import slow_instances
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts
 from taogate.fleet.fleet import Fleet, specs_from_settings
-from taogate.fleet.instance import Lease
+from taogate.fleet.lease import Lease
 from tests.conftest import gateway_settings
 
 # --- fixed latency ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.proxy.relay import UsageTap, usage_of_body
+from taogate.proxy.usage import UsageTap, usage_of_body
 
 STREAM = (
     b'data: {"id":"c1","choices":[{"text":"a"}]}\n\n'

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 
 from taogate.fleet.instance import InstanceSpec
 from taogate.settings import DiscoverySettings, Settings
+
+__all__ = ["Discovery", "Resolver", "discovered_specs", "system_resolver"]
+
+log = logging.getLogger("taogate.health")
 
 #: (host, port) → the addresses it resolves to; injectable so tests need no DNS server.
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -51,3 +56,49 @@ def _sort_key(addr: str) -> tuple[int, int | str]:
     except ValueError:
         return (2, addr)
     return (ip.version, int(ip))
+
+
+class Discovery:
+    """Re-resolves ``[discovery] dns`` and hands the addresses to ``apply`` (the gateway's fleet
+    update, which returns the joined and left instance names); a failed lookup keeps the current
+    set (logged once)."""
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        resolver: Resolver,
+        apply: Callable[[list[str]], tuple[list[str], list[str]]],
+        known: Callable[[], int],
+    ) -> None:
+        self._settings = settings
+        self._resolver = resolver
+        self._apply = apply
+        self._known = known
+        self._ok = True
+
+    async def resolve(self) -> bool:
+        """One round; True when instances joined or left."""
+        cfg = self._settings().discovery
+        if cfg.dns is None:
+            return False
+        try:
+            addresses = await asyncio.wait_for(self._resolver(cfg.dns, cfg.port), 10)
+            if self._settings().discovery.dns != cfg.dns:
+                return False  # a reload changed the name while we were resolving the old one
+        except (OSError, TimeoutError) as exc:
+            if self._ok:
+                self._ok = False
+                log.warning(
+                    "cannot resolve %s (%s); keeping the %d instances found before",
+                    cfg.dns,
+                    exc,
+                    self._known(),
+                )
+            return False
+        if not self._ok:
+            self._ok = True
+            log.info("%s resolves again", cfg.dns)
+        joined, left = self._apply(addresses)
+        if joined or left:
+            log.info("discovery %s: joined %s, left %s", cfg.dns, joined, left)
+        return bool(joined or left)

@@ -1,22 +1,29 @@
 """Warm-up: one small and one medium prefill on an instance as it comes up, before it has served
-anything, so least-busy knows its speed from the first real request.
+anything, so dispatch knows its speed from the first real request.
 
-Without it, a fleet's first burst is dispatched knowing nothing: measured on the article's load, a
-quarter of the first requests landed on a 2.5x slow card before its first sample came back. The
-probe costs one ~2,000-token prefill per instance (unique prompt, so nothing is cached) and a
-one-token answer; ``[dispatch] warmup_tokens = 0`` turns it off.
+Without it, a fleet's first burst is dispatched knowing nothing, and a slow card takes its share of
+that burst before its first answer comes back. The probe costs one prefill of ``warmup_tokens``
+per instance (a unique prompt, so nothing is cached) and a one-token answer;
+``[dispatch] warmup_tokens = 0`` turns it off.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import httpx
 import orjson
 
 from taogate.dispatch.speed import SpeedEstimator
+from taogate.fleet.instance import Instance
+from taogate.settings import Settings
+
+__all__ = ["Warmup", "warmup_prompt"]
+
+log = logging.getLogger("taogate.health")
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
@@ -27,45 +34,45 @@ def warmup_prompt(words: int) -> str:
     return f"warm-up {salt} " + " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
 
 
-@dataclass(frozen=True, slots=True)
-class WarmupTarget:
-    name: str
-    url: str
-    model: str
-    headers: dict[str, str]
+class Warmup:
+    def __init__(
+        self, client: httpx.AsyncClient, speeds: SpeedEstimator, settings: Callable[[], Settings]
+    ) -> None:
+        self._client = client
+        self._speeds = speeds
+        self._settings = settings
 
+    async def __call__(self, inst: Instance) -> None:
+        """Teach the speed estimator the instance's base latency and prefill speed."""
+        settings = self._settings()
+        tokens = settings.dispatch.warmup_tokens
+        if tokens <= 0 or not inst.models:
+            return
+        for words in (8, tokens):  # the small one is mostly fixed latency, the large one mostly prefill
+            got = await self._one(inst, min(inst.models), words, settings.gateway.request_timeout)
+            if got is None:
+                return
+            elapsed, prompt = got
+            self._speeds.observe_first_token(
+                inst.name, ttft=elapsed, ahead_tokens=0, uncached_tokens=prompt, prompt_tokens=prompt
+            )
+        log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, self._speeds.speed(inst.name))
 
-async def _one(
-    client: httpx.AsyncClient, target: WarmupTarget, words: int, limit: float
-) -> tuple[float, int] | None:
-    body = {"model": target.model, "prompt": warmup_prompt(words), "max_tokens": 1, "temperature": 0}
-    started = time.monotonic()
-    try:
-        r = await client.post(
-            target.url + "/v1/completions", content=orjson.dumps(body), headers=target.headers, timeout=limit
-        )
-    except (httpx.HTTPError, OSError):
-        return None
-    elapsed = time.monotonic() - started
-    if r.status_code != 200:
-        return None  # e.g. a chat-only model: no warm-up, dispatch learns from traffic instead
-    try:
-        prompt = orjson.loads(r.content)["usage"]["prompt_tokens"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return None
-    return (elapsed, prompt) if isinstance(prompt, int) and prompt > 0 else None
-
-
-async def warm_up(
-    client: httpx.AsyncClient, speeds: SpeedEstimator, target: WarmupTarget, *, tokens: int, limit: float
-) -> float | None:
-    """Teach ``speeds`` the instance's base latency and prefill speed; returns the learned speed."""
-    for words in (8, tokens):  # the small one is mostly fixed latency, the large one mostly prefill
-        got = await _one(client, target, words, limit)
-        if got is None:
+    async def _one(self, inst: Instance, model: str, words: int, limit: float) -> tuple[float, int] | None:
+        body = {"model": model, "prompt": warmup_prompt(words), "max_tokens": 1, "temperature": 0}
+        headers = {**inst.auth_headers, "x-request-tag": "taogate-warmup"}  # grep-able upstream
+        started = time.monotonic()
+        try:
+            r = await self._client.post(
+                inst.spec.url + "/v1/completions", content=orjson.dumps(body), headers=headers, timeout=limit
+            )
+        except (httpx.HTTPError, OSError):
             return None
-        elapsed, prompt = got
-        speeds.observe_first_token(
-            target.name, ttft=elapsed, ahead_tokens=0, uncached_tokens=prompt, prompt_tokens=prompt
-        )
-    return speeds.speed(target.name)
+        elapsed = time.monotonic() - started
+        if r.status_code != 200:
+            return None  # e.g. a chat-only model: no warm-up, dispatch learns from traffic instead
+        try:
+            prompt = orjson.loads(r.content)["usage"]["prompt_tokens"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+        return (elapsed, prompt) if isinstance(prompt, int) and prompt > 0 else None

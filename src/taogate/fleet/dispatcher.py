@@ -24,7 +24,7 @@ from taogate.dispatch.policy import Policy, RoundRobin
 from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet.fleet import Fleet
-from taogate.fleet.instance import Lease
+from taogate.fleet.lease import Lease
 
 log = logging.getLogger("taogate.dispatch")
 

@@ -1,23 +1,15 @@
-"""Live per-instance state and the lease that holds an instance's slot.
+"""Live per-instance state: one ``Instance`` per configured vLLM server is the only place it lives.
 
-One ``Instance`` object per configured vLLM server is the only place its state lives: health,
-breaker, our in-flight work, the last engine scrape. Dispatch never reads it directly: it reads
-``Instance.view()``, a snapshot (see dispatch/types.py).
-
-A ``Lease`` is taken when a request is sent to an instance and holds its slot (in-flight count,
-outstanding prefill tokens) until the response body has been fully relayed, the client has gone
-away, or an error has ended the attempt. ``release()`` is idempotent, so every exit path may call
-it and the counts still return to exactly zero. Until its first token, a lease also sits in its
-instance's ``pending`` (dispatch order), the evidence ``dispatch.pending.speed_bound`` reads: a request
-that has waited longer than its work should take says the instance is slower than learned, now.
+Health, breaker, our in-flight work (counted by the leases, see ``lease``), the last engine scrape.
+Dispatch never reads it directly: it reads ``Instance.view()``, a snapshot (see dispatch/types.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from taogate.dispatch.pending import Pending, speed_bound
@@ -26,6 +18,9 @@ from taogate.fleet.breaker import Breaker
 from taogate.fleet.engine import EngineSample, engine_stats
 from taogate.fleet.health import HealthState, HealthTracker
 from taogate.fleet.window import RollingWindow
+
+if TYPE_CHECKING:
+    from taogate.fleet.lease import Lease
 
 #: Seconds an instance's speed bound from its pending requests is reused (see Instance.speed_bound).
 BOUND_TTL = 0.005
@@ -85,6 +80,12 @@ class Instance:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The instance's own key, for the control plane's calls to it."""
+        key = self.spec.api_key
+        return {"authorization": f"Bearer {key}"} if key else {}
 
     @property
     def up(self) -> bool:
@@ -160,78 +161,3 @@ class Instance:
             engine,
             spec.overflow,
         )
-
-
-class Lease:
-    """Holds one instance slot for one attempt; counts return exactly once, whatever the exit path.
-
-    ``tokens`` is the prefill work booked for this request (its estimated prompt); ``ahead_tokens``
-    the work booked ahead of it at dispatch; ``sent_at`` the dispatcher's clock then; ``stream`` and
-    ``max_tokens`` say how its first token will be seen (see ``Instance.waiting``).
-    """
-
-    __slots__ = (
-        "_first",
-        "_on_release",
-        "_released",
-        "ahead_tokens",
-        "instance",
-        "max_tokens",
-        "sent_at",
-        "stream",
-        "tokens",
-        "trial",
-    )
-
-    def __init__(
-        self,
-        instance: Instance,
-        tokens: int,
-        on_release: Callable[[Lease], None],
-        *,
-        trial: bool = False,
-        sent_at: float = 0.0,
-        stream: bool = True,
-        max_tokens: int | None = None,
-    ) -> None:
-        self.instance = instance
-        self.tokens = tokens
-        self.trial = trial  # this attempt is the breaker's half-open trial
-        self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
-        self.sent_at = sent_at
-        self.stream = stream
-        self.max_tokens = max_tokens
-        self._on_release = on_release
-        self._first = False
-        self._released = False
-        instance.inflight += 1
-        instance.prefilling += 1
-        instance.prefill_tokens += tokens
-        instance.pending[self] = None
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def first_token(self) -> None:
-        """The prefill is done: its tokens no longer count as queued prefill work."""
-        if self._first or self._released:
-            return
-        self._first = True
-        self.instance.prefilling -= 1
-        self.instance.prefill_tokens -= self.tokens
-        self.instance.pending.pop(self, None)
-
-    def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
-        inst = self.instance
-        if not self._first:
-            inst.prefilling -= 1
-            inst.prefill_tokens -= self.tokens
-            inst.pending.pop(self, None)
-        inst.inflight -= 1
-        if self.trial:
-            inst.breaker.release_trial()
-        self._on_release(self)

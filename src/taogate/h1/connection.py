@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Final, Protocol, cast
 
 import httptools
+from httpx import ReadTimeout, RemoteProtocolError, TransportError
 
-from .errors import Disconnected, H1Error, ReadTimeout
 from .origin import Origin
 
 __all__ = ["Connection", "Owner", "Response"]
@@ -57,7 +57,7 @@ class Response:
         self.received = False  # any byte of the reply arrived
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
-        self._error: H1Error | None = None
+        self._error: TransportError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._wait_started = 0.0
 
@@ -134,7 +134,7 @@ class Response:
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    def _fail(self, error: H1Error) -> None:
+    def _fail(self, error: TransportError) -> None:
         if self._error is None and not self.complete:
             self._error = error
         self._wake()
@@ -173,7 +173,9 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            r._fail(Disconnected(f"malformed response from {self.origin.host}:{self.origin.port}: {exc}"))
+            r._fail(
+                RemoteProtocolError(f"malformed response from {self.origin.host}:{self.origin.port}: {exc}")
+            )
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,7 +191,7 @@ class Connection(asyncio.Protocol):
             r._wake()
             return
         why = f" ({type(exc).__name__}: {exc})" if exc else ""
-        r._fail(Disconnected(f"connection closed before a complete answer{why}"))
+        r._fail(RemoteProtocolError(f"connection closed before a complete answer{why}"))
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:

@@ -10,8 +10,9 @@ import socket
 import ssl
 from dataclasses import dataclass, field
 
+from httpx import ConnectError, ConnectTimeout, PoolTimeout, RemoteProtocolError
+
 from .connection import Connection, Response
-from .errors import ConnectError, ConnectTimeout, Disconnected, PoolTimeout
 from .origin import Origin
 
 __all__ = ["Pool"]
@@ -84,7 +85,7 @@ class Pool:
                     if r._error is not None:
                         raise r._error
                     await r._wait()
-            except Disconnected:
+            except RemoteProtocolError:
                 r.close()
                 if attempt == 1 and reused and not r.received:
                     continue  # the server closed this idle connection as we sent: once more, fresh
@@ -239,7 +240,7 @@ class Pool:
                 return
 
     async def aclose(self) -> None:
-        """Close every connection; requests in flight fail with ``Disconnected``."""
+        """Close every connection; requests in flight fail with ``RemoteProtocolError``."""
         self._closed = True
         for conn in list(self._all):
             conn.abort()

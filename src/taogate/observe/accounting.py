@@ -15,10 +15,10 @@ from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.tokens import PromptSize, TokenEstimator
 from taogate.dispatch.types import RequestFacts
 from taogate.fleet.fleet import Fleet
-from taogate.fleet.instance import Lease
+from taogate.fleet.lease import Lease
 from taogate.observe.access_log import AccessLog, RequestRecord
 from taogate.observe.metrics import GatewayMetrics
-from taogate.proxy.relay import usage_counts
+from taogate.proxy.usage import usage_counts
 
 #: The token estimate converges within a few dozen observations per model; past that, a model's
 #: estimate learns from at most one response per this many seconds (its least-squares update, ~100 µs,

@@ -6,13 +6,11 @@ at once. The verdict column says what an operator should look at first.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from taogate.fleet.breaker import BreakerState
-
-if TYPE_CHECKING:
-    from taogate.fleet.instance import Instance
-    from taogate.gateway import Gateway
+from taogate.fleet.fleet import Fleet
+from taogate.fleet.instance import Instance
 
 
 def verdict(inst: Instance, now: float, slow: bool, relative: float) -> str:
@@ -35,9 +33,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def status_rows(gateway: Gateway) -> list[dict[str, Any]]:
-    now = gateway.clock()
-    fleet = gateway.fleet
+def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
     speeds = fleet.speeds
     rows = []
     for inst in fleet:

@@ -7,45 +7,19 @@ text for the size estimate and the prefix key), never re-serialised.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
+from starlette.types import Receive
 
 from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge
+from taogate.proxy.auth import header
+from taogate.proxy.routes import Route
 from taogate.settings import Settings
-
-RouteKind = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """A proxied route: where it is upstream and what it needs from the body."""
-
-    path: str  # upstream path, e.g. /v1/chat/completions
-    kind: RouteKind
-    model_required: bool = True
-    generates: bool = True  # produces tokens (TTFT and speed samples make sense)
-
-    @property
-    def upstream_path(self) -> bytes:
-        return self.path.encode()
-
-
-ROUTES: tuple[Route, ...] = (
-    Route("/v1/chat/completions", "chat"),
-    Route("/v1/completions", "completions"),
-    Route("/v1/embeddings", "embeddings", generates=False),
-    Route("/v1/responses", "responses"),
-    Route("/tokenize", "tokenize", model_required=False, generates=False),
-    Route("/detokenize", "detokenize", model_required=False, generates=False),
-)
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
@@ -144,3 +118,41 @@ def request_facts(
         ),
         size,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """What the pipeline needs of one request, read once from its headers and body."""
+
+    body: bytes  # forwarded verbatim
+    model: str | None
+    facts: RequestFacts
+    size: PromptSize  # the size features, for calibrating the estimate from usage
+    tag: bytes | None  # X-Request-Tag upstream: the client's own, plus the long-input tag
+
+
+class Intake:
+    """Reads a request's body and facts under the settings in force (``configure`` on reload)."""
+
+    def __init__(self, settings: Settings, tokens: TokenEstimator, exact: ExactCounter | None) -> None:
+        self._settings = settings
+        self.tokens = tokens
+        self._exact = exact
+
+    def configure(self, settings: Settings) -> None:
+        self._settings = settings
+
+    async def read(self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+        settings = self._settings
+        body = await read_body(receive, settings.gateway.max_body_bytes, header(headers, b"content-length"))
+        payload = parse_json_object(body)
+        model = model_of(route, payload)
+        facts, size = request_facts(
+            route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact
+        )
+        client_tag = header(headers, b"x-request-tag")
+        tag = client_tag[:128] if client_tag else None
+        if facts.long:
+            long_tag = settings.prefill.tag.encode()
+            tag = tag + b"," + long_tag if tag else long_tag
+        return Incoming(body, model, facts, size, tag)

@@ -1,30 +1,23 @@
-"""The upstream connection pools, and what crosses the hop in each direction.
+"""The proxied hop: the connection pool to the instances, and what crosses it in each direction.
 
-Proxied requests go over ``h1.Pool`` (HTTP/1.1 on asyncio protocols; its docstring has the
-measurement that put it there instead of a client library). Probes, scrapes and admin calls use
-httpx's API over a small aiohttp session of their own (``httpx_aiohttp.AiohttpTransport``), so they
-never queue behind proxied requests for a connection.
+Proxied requests go over ``h1.Pool``. Its failures (httpx's exception classes) are translated here,
+once, into a ``FailureKind`` (see ``retry.classify``)::
 
-Transport failures are translated here, once, into a ``FailureKind`` (see retry.classify)::
-
-    h1.ConnectError, aiohttp.ClientConnectorError      → connect        (nothing was sent)
-    h1.ConnectTimeout, aiohttp.ConnectionTimeoutError  → connect_timeout
-    h1.Disconnected, aiohttp.ServerDisconnectedError,
-      ClientPayloadError, ClientOSError                → closed         (died before a complete answer)
-    h1.ReadTimeout, aiohttp.SocketTimeoutError,
-      TimeoutError                                     → read_timeout   (no byte within request_timeout)
+    httpx.ConnectError         → connect          (nothing was sent)
+    httpx.ConnectTimeout       → connect_timeout
+    httpx.PoolTimeout          → pool_timeout     (our own pool; not the instance's fault)
+    httpx.RemoteProtocolError,
+      OSError, anything else   → closed           (died before a complete answer)
+    httpx.ReadTimeout          → read_timeout     (no byte within request_timeout)
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 from taogate import h1
 from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
@@ -79,7 +72,7 @@ UpstreamResponse = h1.Response
 
 
 class Upstream:
-    """Owns the pools; ``send`` is one attempt's request."""
+    """Owns the pool to the instances; ``send`` is one attempt's request."""
 
     def __init__(self, cfg: GatewaySettings) -> None:
         # vLLM's server (uvicorn) closes a connection idle for 5 s; reusing one it is closing right
@@ -93,26 +86,12 @@ class Upstream:
             keepalive=2.5,
         )
         self._origins: dict[str, h1.Origin] = {}
-        # httpx's API for probes, scrapes and admin calls, over a small pool of their own: a probe
-        # must never wait behind proxied requests for a connection (a saturated pool would make
-        # healthy instances fail their probes).
-        self._probe_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=32, keepalive_timeout=2.5),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-        )
-        self.client = httpx.AsyncClient(
-            transport=AiohttpTransport(client=self._probe_session),
-            timeout=request_timeouts(cfg),
-            trust_env=False,
-        )
 
     def configure(self, cfg: GatewaySettings) -> None:
         """Timeouts follow a reload; the pool size is fixed for the process's life."""
         self.pool.connect_timeout = cfg.connect_timeout
         self.pool.read_timeout = cfg.request_timeout
         self.pool.pool_timeout = cfg.request_timeout
-        self.client.timeout = request_timeouts(cfg)
 
     def send(
         self, base_url: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
@@ -125,49 +104,26 @@ class Upstream:
         return self.pool.request(origin, path, headers, body)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
-        await self._probe_session.close()
         await self.pool.aclose()
 
 
-def request_timeouts(cfg: GatewaySettings) -> httpx.Timeout:
-    return httpx.Timeout(
-        connect=cfg.connect_timeout,
-        read=cfg.request_timeout,
-        write=cfg.write_timeout,
-        pool=cfg.request_timeout,
-    )
-
-
 def translate(exc: BaseException) -> tuple[FailureKind, str]:
-    """An aiohttp (or httpx-over-aiohttp) exception → how the attempt failed, and a short description."""
-    cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ is not None else exc
-    name = type(cause).__name__
-    if isinstance(cause, h1.ConnectError):
-        return FailureKind.CONNECT, str(cause)
-    if isinstance(cause, h1.ConnectTimeout):
-        return FailureKind.CONNECT_TIMEOUT, str(cause)
-    if isinstance(cause, h1.PoolTimeout):
-        return FailureKind.POOL_TIMEOUT, str(cause)
-    if isinstance(cause, h1.Disconnected):
-        return FailureKind.CLOSED, str(cause)
-    if isinstance(cause, h1.ReadTimeout):
-        return FailureKind.READ_TIMEOUT, str(cause)
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        return FailureKind.CONNECT, f"cannot connect ({cause})"
-    if isinstance(cause, aiohttp.ConnectionTimeoutError):
-        return FailureKind.CONNECT_TIMEOUT, "no connection within the connect timeout"
-    if isinstance(
-        cause, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
-    ):
-        return FailureKind.CLOSED, f"connection closed before a complete answer ({name}: {cause})"
-    if isinstance(cause, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return FailureKind.READ_TIMEOUT, f"no answer within the read timeout ({name})"
-    return FailureKind.CLOSED, f"connection failed ({name})"
+    """A failed hop → how the attempt failed, and a short description."""
+    if isinstance(exc, httpx.ConnectError):
+        return FailureKind.CONNECT, str(exc)
+    if isinstance(exc, httpx.ConnectTimeout):
+        return FailureKind.CONNECT_TIMEOUT, str(exc)
+    if isinstance(exc, httpx.PoolTimeout):
+        return FailureKind.POOL_TIMEOUT, str(exc)
+    if isinstance(exc, httpx.ReadTimeout):
+        return FailureKind.READ_TIMEOUT, str(exc)
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return FailureKind.CLOSED, str(exc)
+    return FailureKind.CLOSED, f"connection failed ({type(exc).__name__}: {exc})"
 
 
 #: What ``Upstream.send`` and a relay may raise for a failed hop (translated by ``translate``).
-UPSTREAM_ERRORS = (h1.H1Error, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+UPSTREAM_ERRORS = (httpx.TransportError, OSError)
 
 
 def upstream_headers(

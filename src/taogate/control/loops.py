@@ -1,0 +1,70 @@
+"""Background tasks owned by the gateway's lifespan: periodic rounds and one-shot jobs.
+
+Each round runs on its own schedule and never blocks requests; a failing round is logged and the
+loop goes on. Intervals are read at every tick, so a config reload takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+__all__ = ["Background"]
+
+log = logging.getLogger("taogate.health")
+
+Round = Callable[[], Awaitable[None]]
+
+
+class Background:
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def every(self, interval: Callable[[], float], tick: Round) -> None:
+        """Run ``tick`` every ``interval()`` seconds (0 or less: paused, looked at again each second)."""
+        self._spawn(self._loop(tick, interval))
+
+    def once(self, job: Coroutine[Any, Any, None]) -> None:
+        self._spawn(job)
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _loop(tick: Round, interval: Callable[[], float]) -> None:
+        while True:
+            period = interval()
+            if period <= 0:
+                await asyncio.sleep(1.0)
+                continue
+            await asyncio.sleep(period)
+            try:
+                await tick()
+            except Exception:  # a probe bug must not end probing
+                log.exception("background probe round failed")
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a cancel swallowed inside the round
+                raise asyncio.CancelledError
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for it, cancelling again while one still runs: on Python
+        3.11 a cancellation that lands as an ``asyncio.timeout`` inside a probe expires can be
+        taken for that timeout and swallowed (seen: a loop that went on probing, and a shutdown
+        that waited for it for ever)."""
+        pending = set(self._tasks)
+        for _ in range(100):  # bounded: 10 s
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=0.1)
+            for task in done:  # retrieved, so none is reported as "never retrieved"
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("probe task ended with %r", task.exception())
+        if pending:
+            log.error("%d probe tasks ignored cancellation; leaving them behind", len(pending))
+        self._tasks.clear()

@@ -1,0 +1,92 @@
+"""The lease that holds one instance slot for one attempt.
+
+A ``Lease`` is taken when a request is sent to an instance and holds its slot (in-flight count,
+outstanding prefill tokens) until the response body has been fully relayed, the client has gone
+away, or an error has ended the attempt. ``release()`` is idempotent, so every exit path may call
+it and the counts still return to exactly zero. Until its first token, a lease also sits in its
+instance's ``pending`` (dispatch order), the evidence ``dispatch.pending.speed_bound`` reads: a
+request that has waited longer than its work should take says the instance is slower than learned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from taogate.fleet.instance import Instance
+
+__all__ = ["Lease"]
+
+
+class Lease:
+    """Holds one instance slot for one attempt; counts return exactly once, whatever the exit path.
+
+    ``tokens`` is the prefill work booked for this request (its estimated prompt); ``ahead_tokens``
+    the work booked ahead of it at dispatch; ``sent_at`` the dispatcher's clock then; ``stream`` and
+    ``max_tokens`` say how its first token will be seen (see ``Instance.waiting``).
+    """
+
+    __slots__ = (
+        "_first",
+        "_on_release",
+        "_released",
+        "ahead_tokens",
+        "instance",
+        "max_tokens",
+        "sent_at",
+        "stream",
+        "tokens",
+        "trial",
+    )
+
+    def __init__(
+        self,
+        instance: Instance,
+        tokens: int,
+        on_release: Callable[[Lease], None],
+        *,
+        trial: bool = False,
+        sent_at: float = 0.0,
+        stream: bool = True,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.instance = instance
+        self.tokens = tokens
+        self.trial = trial  # this attempt is the breaker's half-open trial
+        self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
+        self.sent_at = sent_at
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self._on_release = on_release
+        self._first = False
+        self._released = False
+        instance.inflight += 1
+        instance.prefilling += 1
+        instance.prefill_tokens += tokens
+        instance.pending[self] = None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def first_token(self) -> None:
+        """The prefill is done: its tokens no longer count as queued prefill work."""
+        if self._first or self._released:
+            return
+        self._first = True
+        self.instance.prefilling -= 1
+        self.instance.prefill_tokens -= self.tokens
+        self.instance.pending.pop(self, None)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        inst = self.instance
+        if not self._first:
+            inst.prefilling -= 1
+            inst.prefill_tokens -= self.tokens
+            inst.pending.pop(self, None)
+        inst.inflight -= 1
+        if self.trial:
+            inst.breaker.release_trial()
+        self._on_release(self)

@@ -1,0 +1,74 @@
+"""The stream idle guard: ends a stream whose instance went silent or whose client stopped reading.
+
+Built to cost next to nothing per relayed chunk: one clock read around each send, and a single
+timer that re-arms itself instead of being rescheduled per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+__all__ = ["IdleGuard"]
+
+
+class IdleGuard:
+    """Ends a stream that stopped moving: cancels the relaying task when the instance has sent
+    nothing for ``idle`` seconds (``expired``), or when one send to the client has been blocked for
+    ``stall`` seconds (``stalled``: a client that keeps its connection open but reads nothing would
+    otherwise hold its instance slot for ever).
+
+    The relay calls ``sending_started()`` / ``sent()`` around each chunk (a clock read each); a
+    single timer re-arms itself instead of being rescheduled per chunk. Time spent blocked sending
+    does not count as the instance's silence.
+    """
+
+    __slots__ = ("_handle", "_idle", "_loop", "_stall", "_task", "expired", "last", "send_started", "stalled")
+
+    def __init__(self, idle: float, stall: float | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "IdleGuard must be created inside a task"
+        self._task = task
+        self._idle = idle
+        self._stall = stall
+        self.expired = False
+        self.stalled = False
+        self.send_started: float | None = None  # set while blocked writing to the client
+        self.last = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._next(self.last), self._check)
+
+    def _next(self, now: float) -> float:
+        started = self.send_started
+        if started is not None:  # blocked on the client: only the stall limit applies
+            return started + self._stall if self._stall is not None else now + self._idle
+        deadline = self.last + self._idle
+        if self._stall is not None:  # a send may block before the next check
+            deadline = min(deadline, now + self._stall)
+        return deadline
+
+    def sending_started(self) -> None:
+        self.send_started = self._loop.time()
+
+    def sent(self) -> None:
+        self.send_started = None
+        self.last = self._loop.time()
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        started = self.send_started
+        if started is not None and self._stall is not None and now - started >= self._stall:
+            self._handle = None
+            self.stalled = True
+            self._task.cancel()
+            return
+        if started is None and now >= self.last + self._idle:
+            self._handle = None
+            self.expired = True
+            self._task.cancel()
+            return
+        self._handle = self._loop.call_at(max(self._next(now), now + 1e-3), self._check)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

@@ -1,0 +1,397 @@
+"""The request pipeline: one proxied request end to end.
+
+::
+
+    auth → intake (body once, facts) → lease on an instance → forward verbatim
+         → relay (bytes as they arrive) → release → learn → account
+
+Retries happen only before the first byte went downstream, never to the instance that just
+failed, within attempts and the retry budget. A client that goes away cancels the work, which
+closes the upstream connection so vLLM aborts the request and frees its slot. Every exit path is
+accounted and logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Receive, Send
+
+from taogate.control.events import FleetEvents
+from taogate.dispatch.tokens import PromptSize
+from taogate.dispatch.types import RequestFacts
+from taogate.errors import GatewayError, NoInstance
+from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.instance import Instance
+from taogate.fleet.lease import Lease
+from taogate.observe.access_log import RequestRecord
+from taogate.observe.accounting import Accounting
+from taogate.observe.dropped import DroppedResponses
+from taogate.observe.metrics import GatewayMetrics
+from taogate.proxy.auth import KeyCheck, header
+from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
+from taogate.proxy.relay import relay_sse, send_whole
+from taogate.proxy.retry import FailureKind, RetryBudget, backoff, classify
+from taogate.proxy.routes import Route
+from taogate.proxy.upstream import (
+    UPSTREAM_ERRORS,
+    AttemptFailure,
+    Upstream,
+    UpstreamResponse,
+    downstream_headers,
+    translate,
+    upstream_headers,
+)
+from taogate.proxy.usage import usage_of_body
+from taogate.settings import Settings
+
+__all__ = ["Pipeline"]
+
+log = logging.getLogger("taogate.gateway")
+
+#: Seconds a request runs before the gateway starts watching for its client to go away.
+WATCH_AFTER = 0.05
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One proxied request as it moves through the pipeline."""
+
+    route: Route
+    facts: RequestFacts
+    size: PromptSize
+    body: bytes
+    headers: list[tuple[bytes, bytes]]  # what goes upstream (the instance key is added per attempt)
+    rid: bytes
+    send: Send
+    rec: RequestRecord
+    started: bool = False  # a response has begun downstream: no more retries, no error JSON
+    finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
+
+
+class Pipeline:
+    """Serves proxied requests; ``configure`` takes a reloaded config, ``drain`` ends the service."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        keys: KeyCheck,
+        *,
+        intake: Intake,
+        dispatcher: Dispatcher,
+        upstream: Upstream,
+        accounting: Accounting,
+        metrics: GatewayMetrics,
+        budget: RetryBudget,
+        events: FleetEvents,
+        dropped: DroppedResponses,
+        clock: Callable[[], float],
+        rng: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.intake = intake
+        self.dispatcher = dispatcher
+        self.upstream = upstream
+        self.accounting = accounting
+        self.metrics = metrics
+        self.budget = budget
+        self.events = events
+        self.dropped = dropped
+        self.clock = clock
+        self._rng = rng
+        self.accepting = True
+        self._active = 0  # requests being handled (for graceful shutdown)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def configure(self, settings: Settings, keys: KeyCheck) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.intake.configure(settings)
+
+    async def drain(self, grace: float) -> None:
+        """Stop taking work; give the requests in flight ``grace`` seconds to finish."""
+        self.accepting = False
+        self.dispatcher.fail_all(NoInstance("The gateway is shutting down.", retry_after=1))
+        if self._active:
+            log.info("stopping: %d requests in flight get %gs to finish", self._active, grace)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+
+    async def handle(self, route: Route, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """Serve one proxied request end to end; every exit path is accounted and logged once."""
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        rid = request_id(header(headers, b"x-request-id"))
+        rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
+        ex: Exchange | None = None
+        self._active += 1
+        self._idle.clear()
+        try:
+            if not self.accepting:
+                raise NoInstance("The gateway is shutting down.", retry_after=1)
+            try:
+                self.keys.check(header(headers, b"authorization"))
+            except GatewayError:
+                rec.reject = "auth"
+                raise
+            incoming = await self.intake.read(route, headers, receive)
+            facts = incoming.facts
+            rec.model = incoming.model
+            rec.prompt_tokens_est = facts.prompt_tokens
+            rec.long = facts.long
+            rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
+            up_headers = upstream_headers(headers, request_id=rid, tag=incoming.tag)
+            ex = Exchange(route, facts, incoming.size, incoming.body, up_headers, rid, send, rec)
+            await self._serve_watching_disconnect(ex, receive)
+        except ClientGone as exc:
+            rec.status = 499
+            self.metrics.client_disconnects.inc()
+            if isinstance(exc, ClientStalled):  # connected, not reading: the response stays unfinished
+                rec.error = "client_stalled"
+                self.dropped.expect()
+                log.warning(
+                    "request %s: client dropped, %s; the instance request was aborted", rid.decode(), exc
+                )
+        except GatewayError as exc:
+            rec.status = exc.status
+            rec.error = exc.code
+            if rec.reject is None and exc.status in (400, 404, 405, 413, 429, 503):
+                rec.reject = exc.code
+            if ex is None or not ex.started:
+                await _send_error(send, exc, rid)
+        except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
+            log.exception("request %s failed inside the gateway", rid.decode())
+            rec.status = 500
+            rec.error = "internal_error"
+            if ex is None or not ex.started:
+                error = GatewayError(
+                    f"Internal gateway error (request id {rid.decode()}); see the gateway log."
+                )
+                await _send_error(send, error, rid)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+            self.accounting.record(rec)
+
+    async def _serve_watching_disconnect(self, ex: Exchange, receive: Receive) -> None:
+        """Serve in this task while a small task waits for the client to go away; if it does, this
+        task is cancelled, which releases the lease and closes the upstream connection (vLLM then
+        aborts the request).
+
+        The watcher starts only once the request has lasted ``WATCH_AFTER`` seconds: most requests
+        a gateway sees at high rates finish sooner, and a timer is cheaper than a task. A client
+        that left earlier is seen then, since uvicorn answers ``receive()`` with ``http.disconnect``
+        at once for a connection already gone: an abort at most ``WATCH_AFTER`` late, on requests
+        that cost the instance little so far."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        watching = True
+        gone = False
+        listener: asyncio.Future[Any] | None = None
+
+        def on_message(fut: asyncio.Future[Any]) -> None:
+            nonlocal gone
+            # uvicorn answers receive() with http.disconnect once the response is complete, too.
+            if watching and not ex.finished and not fut.cancelled() and fut.exception() is None:
+                gone = True
+                task.cancel()
+
+        def watch() -> None:
+            nonlocal listener
+            if watching:
+                listener = asyncio.ensure_future(receive())
+                listener.add_done_callback(on_message)
+
+        timer = loop.call_later(WATCH_AFTER, watch)
+        try:
+            await self._serve(ex)
+        except asyncio.CancelledError:
+            if gone and task.uncancel() == 0:
+                raise ClientGone from None
+            raise
+        finally:
+            watching = False
+            timer.cancel()
+            if listener is not None:
+                listener.cancel()
+
+    async def _serve(self, ex: Exchange) -> None:
+        """Attempts: acquire a lease, forward, and fail over before the first byte went downstream."""
+        retry = self.settings.dispatch.retry
+        exclude: frozenset[str] = frozenset()
+        self.budget.record_request(self.clock())
+        attempt = 0
+        while True:
+            attempt += 1
+            ready = self.dispatcher.try_acquire(ex.facts, exclude)
+            if ready is not None:
+                (lease, pick), waited = ready, 0.0
+            else:
+                lease, pick, waited = await self.dispatcher.wait_for_slot(ex.facts, exclude)
+            rec = ex.rec
+            rec.queue_wait += waited
+            if waited:
+                self.metrics.queue_wait.observe(waited)
+            rec.instance = lease.instance.name
+            if pick.channel_fallback:
+                rec.channel_fallback = True
+            self.metrics.child(self.metrics.decisions, self.settings.dispatch.strategy, pick.reason).inc()
+            tried = exclude | {lease.instance.name}
+
+            def may_retry(tried: frozenset[str] = tried, attempt: int = attempt) -> bool:
+                # Only when another instance could really take it (model, channel, health), or the
+                # instance's own answer would be swapped for a gateway 503.
+                now = self.clock()
+                return (
+                    attempt < retry.max_attempts
+                    and self.dispatcher.could_send(ex.facts, tried)
+                    and self.budget.try_spend(now)
+                )
+
+            try:
+                await self._attempt(ex, lease, may_retry)
+                return
+            except AttemptFailure as failure:
+                rec.retries += 1
+                self.metrics.retries.labels(failure.reason).inc()
+                log.info(
+                    "request %s: %s on %s; retrying elsewhere",
+                    rec.request_id,
+                    failure.detail,
+                    failure.instance,
+                )
+                exclude = tried
+            finally:
+                lease.release()
+            await asyncio.sleep(backoff(attempt, retry.backoff_base, retry.backoff_max, self._rng()))
+
+    def _judge(
+        self,
+        ex: Exchange,
+        inst: Instance,
+        kind: FailureKind,
+        detail: str,
+        *,
+        may_retry: Callable[[], bool],
+        status: int | None = None,
+    ) -> None:
+        """Judge a failed attempt. Raises AttemptFailure when a retry elsewhere is granted; else,
+        for a transport failure, the gateway's own error; for an HTTP status, returns (the
+        instance's answer is relayed as it is)."""
+        verdict = classify(kind, status=status)
+        if verdict.instance_fault:
+            self.events.request_failed(inst)
+        ex.rec.error = verdict.reason
+        failure = AttemptFailure(verdict.reason, inst.name, detail)
+        if verdict.retry and may_retry():
+            raise failure
+        if verdict.retry:
+            self.metrics.retries_denied.labels(verdict.reason).inc()
+        if status is None:
+            raise failure.as_error()
+
+    async def _attempt(self, ex: Exchange, lease: Lease, may_retry: Callable[[], bool]) -> None:
+        inst = lease.instance
+        headers = ex.headers
+        if inst.spec.api_key:
+            headers = [*headers, (b"authorization", b"Bearer " + inst.spec.api_key.encode())]
+        sent_at = self.clock()
+        try:
+            response = await self.upstream.send(inst.spec.url, ex.route.upstream_path, headers, ex.body)
+        except UPSTREAM_ERRORS as exc:
+            self._judge(ex, inst, *translate(exc), may_retry=may_retry)
+            raise AssertionError("unreachable: _judge raises for transport failures") from exc
+        try:
+            status = response.status_code
+            if status >= 400:
+                self._judge(
+                    ex, inst, FailureKind.STATUS, f"HTTP {status}", may_retry=may_retry, status=status
+                )
+            complete = True
+            if response.header("content-type").startswith("text/event-stream"):
+                complete = await self._relay_stream(ex, lease, response, sent_at)
+            else:
+                await self._relay_whole(ex, lease, response, sent_at, may_retry)
+            if complete:
+                ex.rec.status = status
+            if complete and status < 500:
+                self.events.request_succeeded(inst)
+                if status == 200 and ex.route.generates:
+                    self.accounting.learn(ex.rec, ex.facts, ex.size, lease)
+        finally:
+            response.close()
+
+    async def _relay_whole(
+        self,
+        ex: Exchange,
+        lease: Lease,
+        response: UpstreamResponse,
+        sent_at: float,
+        may_retry: Callable[[], bool],
+    ) -> None:
+        """Non-stream answers are small JSON: read them whole, so a failure mid-body is still retryable."""
+        inst = lease.instance
+        try:
+            data = await response.aread()
+        except UPSTREAM_ERRORS as exc:
+            self._judge(ex, inst, *translate(exc), may_retry=may_retry)
+            raise AssertionError("unreachable: _judge raises for transport failures") from exc
+        lease.first_token()
+        ex.rec.ttfb = self.clock() - sent_at
+        headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
+        ex.started = True
+
+        def last_message() -> None:
+            ex.finished = True
+
+        await send_whole(ex.send, response.status_code, headers, data, last_message)
+        if response.status_code == 200:
+            ex.rec.usage = usage_of_body(data)
+
+    async def _relay_stream(
+        self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
+    ) -> bool:
+        """Relay the SSE stream; a failure after the 200 blames the instance and is accounted as the
+        502-class failure it is. Returns whether the stream completed."""
+        inst = lease.instance
+        ex.started = True
+        headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
+        await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+
+        def first_chunk() -> None:
+            lease.first_token()
+            ex.rec.ttfb = self.clock() - sent_at
+
+        def last_message() -> None:
+            ex.finished = True
+
+        end = await relay_sse(
+            response,
+            ex.send,
+            instance=inst.name,
+            idle=self.settings.gateway.stream_idle_timeout,
+            stall=self.settings.gateway.client_stall_timeout,
+            on_first_chunk=first_chunk,
+            on_last_message=last_message,
+        )
+        ex.rec.usage = end.usage
+        if end.error is not None:
+            ex.rec.error = end.error
+            ex.rec.status = 502
+            self.metrics.child(self.metrics.stream_errors, inst.name, end.error).inc()
+            self.events.request_failed(inst)
+        return end.error is None
+
+
+async def _send_error(send: Send, exc: GatewayError, rid: bytes) -> None:
+    headers = [*exc.headers(), (b"x-request-id", rid)]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
