@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import json
 import logging
 import math
 import signal
-import socket
-import sys
-import time
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +16,15 @@ import typer
 import uvicorn
 
 from taogate import __version__
-from taogate.serving import loop_factory
+from taogate.control.admin_client import AdminError, admin_call
+from taogate.observe.logs import (
+    ACCESS_FLUSH_S,
+    ACCESS_LOGGER,
+    BatchedStreamHandler,
+    flush_every,
+    setup_logging,
+)
+from taogate.serving import Server, loop_factory, tune_runtime
 from taogate.settings import ConfigError, Settings, load_settings, redacted_dump
 
 app = typer.Typer(
@@ -55,99 +58,6 @@ def _load(config: Path | None, client: Path | None, overrides: dict[str, Any]) -
     except ConfigError as exc:
         typer.echo(f"taogate: {exc}", err=True)
         raise typer.Exit(2) from None
-
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ACCESS_FLUSH_S = 0.5
-ACCESS_LOGGER = "taogate.access"
-
-
-class SecondCachedFormatter(logging.Formatter):
-    """``logging.Formatter`` with the default time format, formatting each second's date and time
-    once instead of once per line (``time.localtime`` and ``strftime`` were a fifth of an access
-    line's cost, measured). The output is the standard one: ``2026-11-30 21:55:49,123``."""
-
-    def __init__(self, fmt: str) -> None:
-        super().__init__(fmt)
-        self._second = -1
-        self._stamp = ""
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        if datefmt is not None:
-            return super().formatTime(record, datefmt)
-        return self.stamp(record.created)
-
-    def stamp(self, created: float) -> str:
-        """``%(asctime)s`` for a record created at ``created`` (as ``time.time()``)."""
-        second = int(created)
-        if second != self._second:
-            self._stamp = time.strftime(self.default_time_format, self.converter(created))
-            self._second = second
-        # as logging.Formatter.default_msec_format, with LogRecord's msecs
-        return f"{self._stamp},{int((created - second) * 1000):03d}"
-
-
-class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The per-request access lines, written into a 64 KiB buffer of their own and flushed every
-    ``ACCESS_FLUSH_S`` by the server (and at exit), not one write(2) per line: sys.stderr is
-    line-buffered, and a syscall per request was a large part of the access log's cost (measured:
-    benchmarks/overhead.py, "access-log line cost"). Whole lines only reach the fd, so they never
-    interleave with the other log lines on stderr."""
-
-    def __init__(self) -> None:
-        try:
-            stream: Any = open(sys.stderr.fileno(), "w", buffering=65536, closefd=False)  # noqa: SIM115
-        except (AttributeError, OSError, ValueError):  # no real fd (captured): plain stderr
-            stream = sys.stderr
-        super().__init__(stream)
-
-    def flush(self) -> None:
-        """Called by ``emit`` after every line: a no-op; ``flush_now`` does the work."""
-
-    def write_info(self, name: str, message: str) -> None:
-        """One INFO line of logger ``name``, the text ``LOG_FORMAT`` gives, without a LogRecord.
-
-        The gateway's access log writes through this when ``taogate serve`` runs it: building and
-        handling a record cost two thirds of an access line (measured: emit 15 µs against 5 µs
-        here). Only the access logger writes to this handler's stream, from the event loop."""
-        formatter = self.formatter
-        assert isinstance(formatter, SecondCachedFormatter), "setup_logging sets the formatter"
-        with contextlib.suppress(OSError, ValueError):
-            self.stream.write(f"{formatter.stamp(time.time())} INFO {name}: {message}\n")
-
-    def flush_now(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.stream.flush()
-
-    def close(self) -> None:
-        self.flush_now()
-        super().close()
-
-
-def setup_logging(level: str) -> BatchedStreamHandler:
-    # Records need no thread or process fields (the format shows neither): skip looking them up.
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
-    # Health probes and scrapes would log a line each; state changes are logged by taogate itself.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    access = logging.getLogger(ACCESS_LOGGER)
-    for old in [h for h in access.handlers if isinstance(h, BatchedStreamHandler)]:
-        access.removeHandler(old)
-        old.close()
-    handler = BatchedStreamHandler()
-    handler.setFormatter(SecondCachedFormatter(LOG_FORMAT))
-    access.addHandler(handler)
-    access.propagate = False
-    return handler
-
-
-async def _flush_every(handler: BatchedStreamHandler, seconds: float) -> None:
-    try:
-        while True:
-            await asyncio.sleep(seconds)
-            handler.flush_now()
-    finally:
-        handler.flush_now()
 
 
 @app.callback()
@@ -193,31 +103,6 @@ def serve(
         runner.run(_serve(settings, source, access))
 
 
-def tune_runtime() -> None:
-    """A long-lived proxy allocates many short-lived objects and few cycles: move everything built at
-    start-up out of the collector's view and collect the young generation less often (measured:
-    ~10% less CPU per proxied request, benchmarks/overhead.py)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, flushing the access log once shut down: after a caught SIGTERM uvicorn
-    re-raises the signal as it returns, and the process ends before any code after ``serve()``."""
-
-    def __init__(self, access: BatchedStreamHandler | None, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._access = access
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await super().shutdown(sockets)
-        finally:
-            if self._access is not None:
-                self._access.flush_now()
-
-
 async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler | None = None) -> None:
     from taogate.app import create_app
 
@@ -225,8 +110,7 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
     application = create_app(settings, settings_source=source, access_sink=sink)
     tune_runtime()
     g = settings.gateway
-    server = _Server(
-        access,
+    server = Server(
         uvicorn.Config(
             application,
             host=g.host,
@@ -239,6 +123,7 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
             loop="auto",
             http="auto",
         ),
+        after_shutdown=access.flush_now if access is not None else None,
     )
 
     def reload() -> None:
@@ -250,7 +135,7 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
     loop = asyncio.get_running_loop()
     if source is not None and hasattr(signal, "SIGHUP"):
         loop.add_signal_handler(signal.SIGHUP, reload)
-    flusher = loop.create_task(_flush_every(access, ACCESS_FLUSH_S)) if access is not None else None
+    flusher = loop.create_task(flush_every(access, ACCESS_FLUSH_S)) if access is not None else None
     try:
         await server.serve()
     finally:
@@ -312,19 +197,11 @@ def _admin(config: Path | None, url: str | None, key: str | None) -> tuple[str, 
 
 
 def _call(method: str, url: str, key: str) -> Any:
-    import httpx
-
     try:
-        r = httpx.request(
-            method, url, headers={"authorization": f"Bearer {key}"}, timeout=10, trust_env=False
-        )
-    except httpx.HTTPError as exc:
-        typer.echo(f"taogate: cannot reach {url}: {exc}", err=True)
-        raise typer.Exit(3) from None
-    if r.status_code != 200:
-        typer.echo(f"taogate: {url} answered {r.status_code}: {r.text}", err=True)
-        raise typer.Exit(1)
-    return r.json()
+        return admin_call(method, url, key)
+    except AdminError as exc:
+        typer.echo(f"taogate: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command()
@@ -341,30 +218,10 @@ def status(
         typer.echo(json.dumps(data, indent=2))
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"taogate at {base}: {data['queued']} waiting in the gateway queue")
-    columns = [
-        ("instance", "name"),
-        ("health", "health"),
-        ("breaker", "breaker"),
-        ("in flight", "inflight"),
-        ("cap", "cap"),
-        ("prefill tok", "prefill_tokens"),
-        ("eng wait", "engine_waiting"),
-        ("eng run", "engine_running"),
-        ("KV", "kv_usage"),
-        ("req/1m", "requests_1m"),
-        ("TTFT p50", "ttft_p50"),
-        ("TTFT p99", "ttft_p99"),
-        ("speed x med", "relative_speed"),
-        ("verdict", "verdict"),
-    ]
-    for title, _ in columns:
-        table.add_column(title, justify="left" if title in ("instance", "verdict") else "right")
-    for row in data["instances"]:
-        table.add_row(*("-" if row.get(k) is None else str(row.get(k)) for _, k in columns))
-    Console().print(table)
+    from taogate.observe.console import status_table
+
+    Console().print(status_table(data, base))
 
 
 @app.command()

@@ -1,13 +1,15 @@
-"""Run an ASGI app under uvicorn inside the current event loop, on a socket we bind ourselves.
+"""Running the gateway (or an emulator) under uvicorn inside an event loop of our own.
 
-Used by the demo, the benchmarks and the tests: binding first (port 0 → a free port, read back
-before serving) means no port race, and startup is awaited through uvicorn's own hook, never a sleep.
+``taogate serve`` runs ``Server`` with uvicorn's own signal handling (SIGTERM drains); the demo, the
+benchmarks and the tests use ``serve_asgi``, which binds its socket first (port 0 → a free port,
+read back before serving: no port race) and awaits startup through uvicorn's own hook, never a sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
@@ -28,20 +30,51 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-class EmbeddedServer(uvicorn.Server):
-    """A uvicorn server that leaves signals to its host and says when it is listening."""
+def tune_runtime() -> None:
+    """A long-lived proxy allocates many short-lived objects and few cycles: move everything built at
+    start-up out of the collector's view and collect the young generation less often (it costs less
+    CPU per proxied request: ``benchmarks/overhead.py``)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
-    def __init__(self, config: uvicorn.Config) -> None:
+
+class Server(uvicorn.Server):
+    """uvicorn's server that says when it is listening (``listening``) and runs ``after_shutdown``
+    once shut down: after a caught SIGTERM uvicorn re-raises the signal as it returns, and the
+    process ends before any code after ``serve()``. ``own_signals=False`` leaves signals to the host
+    (an embedded server must not take over the demo's or a test's Ctrl-C)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        own_signals: bool = True,
+        after_shutdown: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.listening = asyncio.Event()
+        self._own_signals = own_signals
+        self._after_shutdown = after_shutdown
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
-        yield
+        if self._own_signals:
+            with super().capture_signals():
+                yield
+        else:
+            yield
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         self.listening.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if self._after_shutdown is not None:
+                self._after_shutdown()
 
     def request_exit(self) -> None:
         """Ask the server to stop, as a signal would (graceful: open requests get a moment)."""
@@ -67,7 +100,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class Served:
     url: str  # http://host:port
     port: int
-    server: EmbeddedServer
+    server: Server
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +110,7 @@ async def serve_asgi(
     """Serve ``app`` until the block exits; lifespan runs, so the app's startup is done on entry."""
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
-    server = EmbeddedServer(
+    server = Server(
         uvicorn.Config(
             app,
             host=host,
@@ -89,7 +122,8 @@ async def serve_asgi(
             server_header=False,
             timeout_graceful_shutdown=max(1, int(graceful)),
             **config,
-        )
+        ),
+        own_signals=False,
     )
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name=f"serve-{bound}")
     ready = asyncio.ensure_future(server.listening.wait())

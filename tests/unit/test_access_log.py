@@ -10,8 +10,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.cli import LOG_FORMAT, BatchedStreamHandler, SecondCachedFormatter
 from taogate.observe.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _text
+from taogate.observe.logs import LOG_FORMAT, BatchedStreamHandler, SecondCachedFormatter
 
 
 def reference_text_line(rec: RequestRecord) -> str:

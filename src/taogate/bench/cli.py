@@ -8,9 +8,7 @@ talking to a real one. Every run is capped by ``--max-requests`` and ``--max-sec
 from __future__ import annotations
 
 import asyncio
-import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,17 +23,18 @@ from taogate.bench.diagnose import Diagnosis
 from taogate.bench.diagnose import diagnose as run_diagnosis
 from taogate.bench.render import (
     instance_table,
+    make_console,
     plot_runs,
+    print_outcomes,
+    render_diagnosis,
     run_payload,
-    shares_table,
-    summary_table,
     write_json,
 )
 from taogate.bench.runner import Target
 from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs
 from taogate.emulator.config import EmulatorConfig
 
-__all__ = ["bench", "demo", "diagnose", "print_outcomes", "render_diagnosis"]
+__all__ = ["bench", "demo", "diagnose"]
 
 WORKLOADS = ("article", "single", "mixed", "shared-prefix", "file")
 EMULATED_MODEL = EmulatorConfig().model
@@ -87,11 +86,6 @@ class Endpoint:
             return None
         base = self.base_url.rstrip("/")
         return base if base.endswith("/v1") else base + "/v1"
-
-
-def make_console() -> Console:
-    """Wide enough for the comparison tables when output goes to a file or a pipe."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _fail(message: str, code: int = 3) -> typer.Exit:
@@ -180,20 +174,6 @@ def emulated_configs(instances: int, slow: list[str] | None, prefix_caching: boo
     from taogate.emulator.cli import parse_slow
 
     return fleet_configs(instances, parse_slow(slow or [], instances), prefix_caching=prefix_caching)
-
-
-def print_outcomes(console: Console, outcomes: list[Outcome], title: str) -> None:
-    """The comparison table (ratios against the pooled bound, else the first row) and load spread."""
-    summaries = [o.summary for o in outcomes]
-    pooled = [o.summary for o in outcomes if o.scenario.kind == "pooled"]
-    baseline = pooled[0] if pooled else (summaries[0] if len(summaries) > 1 else None)
-    console.print(summary_table(summaries, baseline=baseline, title=title))
-    console.print(shares_table(summaries))
-    hits = [(o.summary.label, o.cache_hit_rate) for o in outcomes if o.emulator]
-    if any(not math.isnan(h) and h > 0 for _, h in hits):
-        console.print(
-            "prefix-cache hit rate (emulator books): " + ", ".join(f"{label} {h:.0%}" for label, h in hits)
-        )
 
 
 def _outputs(console: Console, outcomes: list[Outcome], json_out: Path | None, plot: Path | None) -> None:
@@ -317,15 +297,6 @@ def bench(
     _outputs(console, outcomes, json_out, plot)
     if all(o.summary.ok == 0 for o in outcomes):
         raise typer.Exit(3)
-
-
-def render_diagnosis(console: Console, result: Diagnosis) -> None:
-    v = result.verdict
-    color = {"balanced": "green", "dispatch": "yellow", "slow": "red", "inside": "red"}.get(v.kind, "red")
-    console.print(summary_table([result.evidence.configured, result.evidence.lowered], title="bisection"))
-    console.print(f"[bold {color}]verdict: {v.headline}[/bold {color}]")
-    for line in v.evidence:
-        console.print(f"  - {line}")
 
 
 async def _diagnose_emulated(

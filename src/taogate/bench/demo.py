@@ -21,10 +21,9 @@ import openai
 from rich.console import Console
 from rich.table import Table
 
-from taogate.bench.cli import print_outcomes, render_diagnosis
 from taogate.bench.compare import run_compare
 from taogate.bench.diagnose import diagnose
-from taogate.bench.render import plot_runs
+from taogate.bench.render import plot_runs, print_outcomes, render_diagnosis
 from taogate.bench.report import IMBALANCE_RATIO, Distribution
 from taogate.bench.scenarios import POOLED, Scenario, fleet_configs, gateway_settings
 from taogate.bench.workloads import article, filler

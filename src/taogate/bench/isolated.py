@@ -128,8 +128,7 @@ async def _serve(kind: str, payload: Any) -> None:
             await stop.wait()
         return
     from taogate.app import create_app
-    from taogate.cli import tune_runtime
-    from taogate.serving import serve_asgi
+    from taogate.serving import serve_asgi, tune_runtime
 
     settings, key = payload
     application = create_app(settings, environ={settings.gateway.api_key_env: key})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from taogate.bench.diagnose import Diagnosis
 from taogate.bench.report import IMBALANCE_RATIO, Summary, compare
 from taogate.bench.runner import Run, Sample
+from taogate.bench.scenarios import Outcome
 
 __all__ = [
     "instance_table",
+    "make_console",
     "plot_runs",
+    "print_outcomes",
     "progress",
+    "render_diagnosis",
     "run_payload",
     "shares_table",
     "summary_table",
@@ -231,3 +237,31 @@ def run_payload(run: Run, summary: Summary, **extra: Any) -> dict[str, Any]:
         "samples": [dataclasses.asdict(s) for s in run.samples],
         **extra,
     }
+
+
+def make_console() -> Console:
+    """Wide enough for the comparison tables when output goes to a file or a pipe."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def print_outcomes(console: Console, outcomes: list[Outcome], title: str) -> None:
+    """The comparison table (ratios against the pooled bound, else the first row) and load spread."""
+    summaries = [o.summary for o in outcomes]
+    pooled = [o.summary for o in outcomes if o.scenario.kind == "pooled"]
+    baseline = pooled[0] if pooled else (summaries[0] if len(summaries) > 1 else None)
+    console.print(summary_table(summaries, baseline=baseline, title=title))
+    console.print(shares_table(summaries))
+    hits = [(o.summary.label, o.cache_hit_rate) for o in outcomes if o.emulator]
+    if any(not math.isnan(h) and h > 0 for _, h in hits):
+        console.print(
+            "prefix-cache hit rate (emulator books): " + ", ".join(f"{label} {h:.0%}" for label, h in hits)
+        )
+
+
+def render_diagnosis(console: Console, result: Diagnosis) -> None:
+    v = result.verdict
+    color = {"balanced": "green", "dispatch": "yellow", "slow": "red", "inside": "red"}.get(v.kind, "red")
+    console.print(summary_table([result.evidence.configured, result.evidence.lowered], title="bisection"))
+    console.print(f"[bold {color}]verdict: {v.headline}[/bold {color}]")
+    for line in v.evidence:
+        console.print(f"  - {line}")

@@ -22,9 +22,9 @@ from taogate.emulator.clock import Clock
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.generation import MidStreamClose
 from taogate.emulator.instance import EmulatorInstance
-from taogate.serving import EmbeddedServer, bind_socket
+from taogate.serving import Server, bind_socket
 
-__all__ = ["EmbeddedServer", "Fleet", "bind_socket", "quiet_fault_tracebacks", "run_fleet"]
+__all__ = ["Fleet", "quiet_fault_tracebacks", "run_fleet"]
 
 # Seconds uvicorn waits for open requests at shutdown before cancelling them (a backstop: the fleet
 # releases everything in flight first).
@@ -56,7 +56,7 @@ class Fleet:
     ports: list[int]
 
 
-async def _serve_until_listening(server: EmbeddedServer, sock: socket.socket) -> asyncio.Task[None]:
+async def _serve_until_listening(server: Server, sock: socket.socket) -> asyncio.Task[None]:
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="emulator-server")
     ready = asyncio.ensure_future(server.listening.wait())
     done, _ = await asyncio.wait(
@@ -88,7 +88,7 @@ async def run_fleet(
     if ports is not None and len(ports) != len(configs):
         raise ValueError(f"got {len(ports)} ports for {len(configs)} configs")
     quiet_fault_tracebacks()
-    servers: list[EmbeddedServer] = []
+    servers: list[Server] = []
     tasks: list[asyncio.Task[None]] = []
     instances: list[EmulatorInstance] = []
     bound: list[int] = []
@@ -97,7 +97,7 @@ async def run_fleet(
             app = create_emulator_app(config, clock)
             sock = bind_socket(host, ports[i] if ports is not None else 0)
             bound.append(sock.getsockname()[1])
-            server = EmbeddedServer(
+            server = Server(
                 uvicorn.Config(
                     app,
                     host=host,
@@ -107,7 +107,8 @@ async def run_fleet(
                     access_log=False,
                     lifespan="on",
                     timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
-                )
+                ),
+                own_signals=False,
             )
             servers.append(server)
             instances.append(app.instance)
