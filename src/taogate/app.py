@@ -9,7 +9,7 @@ paths and under the path of ``[gateway] base_url`` (e.g. ``/api/v1/...``).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,8 +26,6 @@ from taogate.proxy.routes import ROUTES, Route
 from taogate.settings import Settings
 
 log = logging.getLogger("taogate.app")
-
-ASGIApp = Callable[[dict[str, Any], Any, Any], Any]
 
 
 def _error_response(exc: GatewayError) -> Response:

@@ -18,17 +18,16 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from taogate.dispatch.types import STRATEGIES, Role, Strategy
+
 log = logging.getLogger("taogate.settings")
 
-Strategy = Literal["least_busy", "round_robin"]
-Role = Literal["any", "long", "short"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 #: Read timeouts below this make long prefills time out and retry, which deepens queues (article, §5).
 MIN_SAFE_READ_TIMEOUT = 30.0

@@ -33,8 +33,10 @@ def one_slot_fleet(queue_timeout: float) -> tuple[Fleet, Dispatcher]:
 async def test_a_timed_out_waiter_that_won_the_slot_keeps_it() -> None:
     fleet, d = one_slot_fleet(queue_timeout=0.05)
     inst = next(iter(fleet))
-    held, _, _ = await d.acquire(FACTS)
-    waiter = asyncio.create_task(d.acquire(FACTS))
+    got = d.try_acquire(FACTS)
+    assert got is not None
+    held = got[0]
+    waiter = asyncio.create_task(d.wait_for_slot(FACTS, frozenset()))
     await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
     loop.call_later(0.01, held.release)
@@ -48,8 +50,10 @@ async def test_a_timed_out_waiter_that_won_the_slot_keeps_it() -> None:
 async def test_a_cancelled_waiter_gives_a_handed_over_slot_back() -> None:
     fleet, d = one_slot_fleet(queue_timeout=5.0)
     inst = next(iter(fleet))
-    held, _, _ = await d.acquire(FACTS)
-    waiter = asyncio.create_task(d.acquire(FACTS))
+    got = d.try_acquire(FACTS)
+    assert got is not None
+    held = got[0]
+    waiter = asyncio.create_task(d.wait_for_slot(FACTS, frozenset()))
     await asyncio.sleep(0)
     held.release()  # hands the slot to the waiter...
     waiter.cancel()  # ...whose client goes away in the same turn
@@ -85,13 +89,10 @@ def test_dispatch_sees_how_much_of_each_instance_s_booked_work_the_cache_leaves(
 
     d = Dispatcher(fleet, Spy(), queue_size=10, queue_timeout=1.0, clock=time.monotonic)
     assert d.could_send(FACTS, frozenset())
-    asyncio.run(_acquire_and_release(d))
+    got = d.try_acquire(FACTS)
+    assert got is not None
+    got[0].release()
     assert seen and seen[0]["b"] == 1.0 and seen[0]["a"] < 0.05
-
-
-async def _acquire_and_release(d: Dispatcher) -> None:
-    lease, _, _ = await d.acquire(FACTS)
-    lease.release()
 
 
 def test_an_instance_view_carries_each_value_in_its_named_field() -> None:

@@ -213,11 +213,11 @@ def test_readme_config_reference_lists_every_key() -> None:
     assert {r for r in rows if r[0] in sections} - expected == set()
 
 
-def test_the_strategies_dispatch_knows_are_the_ones_config_accepts() -> None:
-    from taogate.dispatch.policy import STRATEGIES as POLICIES
+def test_every_strategy_the_config_accepts_builds_its_policy() -> None:
+    from taogate.dispatch.policy import make_policy
     from taogate.settings import STRATEGIES
 
-    assert set(POLICIES) == set(STRATEGIES)
+    assert {make_policy(name).name for name in STRATEGIES} == set(STRATEGIES)
 
 
 def test_instance_labels_never_carry_url_credentials(tmp_path: Path) -> None:

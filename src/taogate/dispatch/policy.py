@@ -43,15 +43,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Protocol
 
 from .affinity import rendezvous
 from .load import DEFAULT_LOAD, LoadModel, estimate, expected_prefill
-from .types import InstanceView, RequestFacts, Send
+from .types import STRATEGIES, InstanceView, RequestFacts, Send
 
 __all__ = ["STRATEGIES", "LeastBusy", "Policy", "RoundRobin", "make_policy"]
-
-STRATEGIES: Final = ("least_busy", "round_robin")  # the values of settings.Strategy, kept in step by a test
 
 
 class Policy(Protocol):

@@ -12,9 +12,14 @@ against 2.3 µs for a 15-field view, four views and a facts record per request (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal, get_args
 
+#: An instance's channel: any request, long inputs only, or short ones only.
 Role = Literal["any", "long", "short"]
+
+#: ``[dispatch] strategy``: how the dispatcher ranks the instances that may take a request.
+Strategy = Literal["least_busy", "round_robin"]
+STRATEGIES: Final[tuple[str, ...]] = get_args(Strategy)
 
 #: Why an instance was picked; bounded, used as a metric label.
 PickReason = Literal["least_load", "affinity_hit", "affinity_override", "round_robin", "overflow"]

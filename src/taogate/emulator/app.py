@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from starlette.types import Receive, Scope, Send
 
-from taogate.emulator.asgi import Receive, Scope, Send, read_body, send_bytes
+from taogate.emulator.asgi import read_body, send_bytes
 from taogate.emulator.clock import Clock
 from taogate.emulator.config import EmulatorConfig, FaultsError
 from taogate.emulator.errors import ApiError, error_body

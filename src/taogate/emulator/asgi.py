@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from starlette.types import Receive, Scope, Send
 
 __all__ = [
-    "Receive",
-    "Scope",
-    "Send",
     "header",
     "read_body",
     "send_bytes",
@@ -22,10 +20,6 @@ __all__ = [
     "watch_disconnect",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 JSON = b"application/json"
 

@@ -18,17 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from starlette.types import Receive, Scope, Send
 
-from taogate.emulator.asgi import (
-    Receive,
-    Scope,
-    Send,
-    header,
-    read_body,
-    send_bytes,
-    start_stream,
-    watch_disconnect,
-)
+from taogate.emulator.asgi import header, read_body, send_bytes, start_stream, watch_disconnect
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.driver import Tracked
 from taogate.emulator.engine import FinishReason

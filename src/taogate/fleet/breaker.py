@@ -24,13 +24,12 @@ Caller protocol per request: ``allows(now)`` while building the dispatch snapsho
 when it ends (a no-op after a verdict; it frees the slot when the client went away without one).
 
 Transitions are reported once each: ``record_success``/``record_failure``/``reset`` return the one
-they caused; ``on_transition`` (optional) additionally sees OPEN → HALF_OPEN, which happens inside
-``on_dispatch``. Use one channel or the other for logging, not both.
+they caused. OPEN → HALF_OPEN is not reported: it happens inside ``on_dispatch``, whose result (this
+request is the trial) says it, and the trial's verdict reports what follows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -59,7 +58,6 @@ class Breaker:
         "_cooldown",
         "_failures",
         "_max_cooldown",
-        "_on_transition",
         "_opened_at",
         "_state",
         "_streak",
@@ -71,7 +69,6 @@ class Breaker:
         failures: int,
         cooldown: float,
         max_cooldown: float | None = None,
-        on_transition: Callable[[BreakerTransition], None] | None = None,
     ) -> None:
         """``max_cooldown``: each failed trial doubles the cooldown up to this (``None``: no growth).
 
@@ -82,7 +79,6 @@ class Breaker:
         self._opened_at = 0.0
         self._streak = 0  # consecutive failures while CLOSED
         self._trial = False  # the HALF_OPEN trial is in flight
-        self._on_transition = on_transition
         self._failures = failures
         self._base = self._max_cooldown = self._cooldown = cooldown
         self.reconfigure(failures, cooldown, max_cooldown)
@@ -190,6 +186,4 @@ class Breaker:
     def _move(self, to: BreakerState, now: float) -> BreakerTransition:
         transition = BreakerTransition(self._state, to, now, self._cooldown)
         self._state = to
-        if self._on_transition is not None:
-            self._on_transition(transition)
         return transition

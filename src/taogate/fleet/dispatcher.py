@@ -1,6 +1,6 @@
 """Admission: turn a pure dispatch decision into a held lease, or a bounded wait, or a refusal.
 
-``acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet (``Fleet.views``):
+``try_acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet (``Fleet.views``):
 
 * ``Send``   → a Lease on that instance, at once;
 * ``Wait``   → every eligible instance is at its cap: join the bounded FIFO gateway queue. Whenever a
@@ -85,9 +85,6 @@ class Dispatcher:
     def queued(self) -> int:
         return len(self._waiters)
 
-    def drain_rate(self) -> float:
-        return self._drain.rate(self._clock())
-
     def retry_after(self) -> int:
         return retry_after_seconds(len(self._waiters), self._drain.rate(self._clock()))
 
@@ -139,20 +136,12 @@ class Dispatcher:
             retry_after=self.retry_after(),
         )
 
-    async def acquire(
-        self, facts: RequestFacts, exclude: frozenset[str] = frozenset()
-    ) -> tuple[Lease, Send, float]:
-        """A lease on the instance to send to, its pick, and the seconds spent in the queue."""
-        got = self.try_acquire(facts, exclude)
-        if got is not None:
-            return got[0], got[1], 0.0
-        return await self.wait_for_slot(facts, exclude)
-
     def try_acquire(
         self, facts: RequestFacts, exclude: frozenset[str] = frozenset()
     ) -> tuple[Lease, Send] | None:
-        """``acquire`` without waiting: a lease now, or None when every eligible instance is at its cap
-        (then ``wait_for_slot``); refusals raise. The gateway's common case, without a coroutine."""
+        """A lease on the instance to send to now, with its pick, or None when every eligible
+        instance is at its cap (then ``wait_for_slot``); refusals raise. Not a coroutine: the
+        common case needs no wait."""
         got = self._try(facts, exclude)
         if isinstance(got, Refuse):
             raise self._refusal(got, facts)

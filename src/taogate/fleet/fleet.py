@@ -151,9 +151,6 @@ class Fleet:
     def any_room(self, now: float) -> bool:
         return any(i.available(now) and i.inflight < i.spec.cap for i in self._instances.values())
 
-    def any_available_except(self, names: frozenset[str], now: float) -> bool:
-        return any(i.available(now) for i in self._instances.values() if i.name not in names)
-
     def set_models(self, inst: Instance, cards: dict[str, dict[str, Any]]) -> None:
         """What an instance serves (from its /v1/models); keeps the fleet-wide set current."""
         inst.model_cards = cards

@@ -26,21 +26,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
 __all__ = ["FailureKind", "RetryBudget", "Verdict", "backoff", "classify"]
 
-Jitter = Literal["equal", "full"]
-
-
-def backoff(attempt: int, base: float, cap: float, rand: float, jitter: Jitter = "equal") -> float:
+def backoff(attempt: int, base: float, cap: float, rand: float) -> float:
     """Seconds to wait before retry number ``attempt`` (1 = the first retry), ``rand`` in [0, 1).
 
-    The ceiling doubles per attempt from ``base`` up to ``cap``. Equal jitter (the default) waits
-    between half the ceiling and the ceiling: jitter still spreads simultaneous retries apart, but a
-    retry is never near-immediate, which matters because each retry of a long prompt is a full
-    prefill somewhere else and aggressive retries deepen the very queues that caused the failure.
-    Full jitter (``rand × ceiling``) is available for callers that prefer the shortest mean wait.
+    The ceiling doubles per attempt from ``base`` up to ``cap``. Equal jitter waits between half the
+    ceiling and the ceiling: jitter still spreads simultaneous retries apart, but a retry is never
+    near-immediate, which matters because each retry of a long prompt is a full prefill somewhere
+    else and aggressive retries deepen the very queues that caused the failure.
     """
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
@@ -50,19 +45,16 @@ def backoff(attempt: int, base: float, cap: float, rand: float, jitter: Jitter =
         return 0.0
     # The exponent is clamped so that 2.0 ** n cannot raise OverflowError for absurd attempt numbers.
     ceiling = min(cap, base * 2.0 ** min(attempt - 1, 1000))
-    if jitter == "full":
-        return rand * ceiling
     return ceiling / 2 + rand * ceiling / 2
 
 
 class FailureKind(StrEnum):
-    """How an attempt failed, as the proxy sees it (it maps httpx exceptions onto these once)."""
+    """How an attempt failed, as the proxy sees it (``upstream.translate`` maps the hop's errors)."""
 
     CONNECT = "connect"  # refused, reset or DNS failure while connecting: nothing was processed
     CONNECT_TIMEOUT = "connect_timeout"
     CLOSED = "closed"  # the instance closed the connection before a status line (crash, restart)
     READ_TIMEOUT = "read_timeout"  # no response headers within the read timeout (hung engine)
-    WRITE_TIMEOUT = "write_timeout"  # could not even send the request body
     POOL_TIMEOUT = "pool_timeout"  # our own connection pool was exhausted: not the instance's fault
     STATUS = "status"  # the instance answered with an HTTP status (see ``status``)
 
@@ -75,7 +67,6 @@ _RETRYABLE_KIND = frozenset(
         FailureKind.CONNECT_TIMEOUT,
         FailureKind.CLOSED,
         FailureKind.READ_TIMEOUT,
-        FailureKind.WRITE_TIMEOUT,
     }
 )
 
@@ -94,17 +85,14 @@ class Verdict:
     reason: str
 
 
-def classify(kind: FailureKind, *, status: int | None = None, downstream_started: bool = False) -> Verdict:
-    """Classify a failed attempt. ``downstream_started``: a status line or body byte reached the client.
-
-    The breaker verdict is independent of whether we may retry: an instance that dies mid-stream is
-    still at fault even though that request cannot be retried.
-    """
+def classify(kind: FailureKind, *, status: int | None = None) -> Verdict:
+    """Classify an attempt that failed before anything went downstream (after that, the pipeline
+    retries nothing: a stream that breaks is ended with an error event and blames the instance)."""
     if kind is FailureKind.STATUS:
         if status is None:
             raise ValueError("FailureKind.STATUS needs a status")
         fault = status in _FAULT_STATUS
-        retry = status in _RETRYABLE_STATUS and not downstream_started
+        retry = status in _RETRYABLE_STATUS
         known = status in _RETRYABLE_STATUS
         return Verdict(retry, fault, f"status_{status}" if known else f"status_{status // 100}xx")
     # Our own pool running dry says nothing about the instance; retrying would hit the same pool.
@@ -112,7 +100,7 @@ def classify(kind: FailureKind, *, status: int | None = None, downstream_started
     # server closed while we picked it: under load thousands at once, which would eject a healthy
     # fleet); an instance that really died refuses new connections (CONNECT) and fails its probes.
     fault = kind not in (FailureKind.POOL_TIMEOUT, FailureKind.CLOSED)
-    retry = kind in _RETRYABLE_KIND and not downstream_started
+    retry = kind in _RETRYABLE_KIND
     return Verdict(retry, fault, kind.value)
 
 
