@@ -39,16 +39,16 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from fleetprocs import cpu_seconds, start_emulators, start_gateway, start_reference, stop_process, wait_ready
+from fleetprocs import emulators, gateway, reference
+
+from taogate.bench.procs import Child, cpu_seconds
 
 MODEL = "emulated-model"
 API_KEY = "overhead-bench-key"
@@ -360,35 +360,21 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- main ------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def processes() -> Iterator[list[subprocess.Popen[Any]]]:
-    procs: list[subprocess.Popen[Any]] = []
-    try:
-        yield procs
-    finally:
-        for p in reversed(procs):
-            stop_process(p)
-
-
 async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    with processes() as procs:
-        emu, urls = start_emulators(4, workdir / "emulators.log")
-        procs.append(emu)
-        gw, gw_url = start_gateway(workdir, urls, "warning", API_KEY)
-        procs.append(gw)
-        gwi = gwi_url = None
+    async with contextlib.AsyncExitStack() as stack:
+        emu = await stack.enter_async_context(emulators(4, workdir / "emulators.log"))
+        urls = emu.urls
+        gw = await stack.enter_async_context(gateway(workdir, urls, "warning", API_KEY))
+        gw_url = gw.url
+        gwi: Child | None = None
+        gwi_url = None
         if not args.skip_info:
-            gwi, gwi_url = start_gateway(workdir, urls, "info", API_KEY)
-            procs.append(gwi)
-        await wait_ready(gw, gw_url, workdir / "gateway-warning.log")
-        if gwi is not None:
-            assert gwi_url is not None
-            await wait_ready(gwi, gwi_url, workdir / "gateway-info.log")
-        refs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+            gwi = await stack.enter_async_context(gateway(workdir, urls, "info", API_KEY))
+            gwi_url = gwi.url
+        refs: dict[str, tuple[Child, str]] = {}
         for client in args.references:
-            refs[client] = start_reference(workdir, urls, client)
-            procs.append(refs[client][0])
-            await wait_ready(*refs[client], workdir / f"reference-{client}.log")
+            ref = await stack.enter_async_context(reference(workdir, urls, client))
+            refs[client] = (ref, ref.url)
         print(f"emulators: {' '.join(urls)} (pid {emu.pid})")
         print(
             f"gateway:   {gw_url} (pid {gw.pid})"

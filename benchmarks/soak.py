@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from fleetprocs import cpu_seconds, rss_bytes, start_emulators, start_gateway, stop_process, wait_ready
+from fleetprocs import emulators, gateway
+
+from taogate.bench.procs import cpu_seconds, rss_bytes
 
 API_KEY = "soak-bench-key"
 MODEL = "emulated-model"
@@ -87,20 +90,19 @@ async def run_round(url: str, pid: int, clients: int, tokens: int) -> Round:
 
 async def main_async(args: argparse.Namespace, workdir: Path) -> int:
     emu_args = ("--max-num-seqs", "1024", "--max-num-batched-tokens", "16384", "--decode-tps", "200000")
-    emu, urls = start_emulators(4, workdir / "emulators.log", emu_args)
-    gw = None
-    try:
-        per_instance = args.clients // 4 + 64
-        extra = (
-            "[dispatch]\n"
-            f"max_queue_per_instance = {per_instance}\n"
-            f"queue_size = {args.clients}\n"
-            "queue_timeout = 120\n"
+    per_instance = args.clients // 4 + 64
+    extra = (
+        "[dispatch]\n"
+        f"max_queue_per_instance = {per_instance}\n"
+        f"queue_size = {args.clients}\n"
+        "queue_timeout = 120\n"
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        emu = await stack.enter_async_context(emulators(4, workdir / "emulators.log", emu_args))
+        gw = await stack.enter_async_context(
+            gateway(workdir, emu.urls, args.log_level, API_KEY, extra=extra, max_connections=per_instance * 4)
         )
-        gw, gw_url = start_gateway(
-            workdir, urls, args.log_level, API_KEY, extra=extra, max_connections=per_instance * 4
-        )
-        await wait_ready(gw, gw_url, workdir / f"gateway-{args.log_level}.log")
+        gw_url = gw.url
         rss0 = rss_bytes(gw.pid)
         print(f"gateway pid {gw.pid}, RSS at start {rss0 / 2**20:.1f} MiB; {args.clients} concurrent streams")
         rounds = []
@@ -123,9 +125,6 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
             notable = [ln for ln in log if "taogate.access" not in ln][-30:]
             print("gateway log (all but access lines, tail):\n" + "\n".join(notable))
         return 0 if errors == 0 else 1
-    finally:
-        stop_process(gw)
-        stop_process(emu)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -11,10 +12,10 @@ from typing import Any, NoReturn
 
 import pytest
 
-from taogate.app import TaogateApp, create_app
+from taogate.app import RunningGateway, serve_gateway
+from taogate.bench.scenarios import loopback_settings
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import Fleet, run_fleet
-from taogate.serving import serve_asgi
 from taogate.settings import Settings
 
 
@@ -42,24 +43,8 @@ for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_pro
 os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 
 
-@dataclass
-class Gate:
-    """One running gateway: its URL and its in-process app."""
-
-    url: str  # http://127.0.0.1:PORT
-    app: TaogateApp
-
-    @property
-    def api(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def gateway(self) -> Any:
-        return self.app.gateway
-
-
-@dataclass
-class Running(Gate):
+@dataclass(frozen=True, slots=True)
+class Running(RunningGateway):
     """A gateway in front of an emulated fleet."""
 
     fleet: Fleet
@@ -72,38 +57,34 @@ def gateway_settings(
     names: Sequence[str] | None = None,
     **sections: dict[str, Any],
 ) -> Settings:
-    """Settings for tests: fast probes and scrapes, the given instances (named i0, i1, ... unless
-    ``names``; with ``roles``, long/short/any each); sections override."""
-    instances: list[dict[str, Any]] = []
-    for n, url in enumerate(urls):
-        item: dict[str, Any] = {"url": url, "name": names[n] if names else f"i{n}"}
-        if roles is not None:
-            item["role"] = roles[n]
-        instances.append(item)
-    data: dict[str, Any] = {
-        "gateway": {"base_url": "http://127.0.0.1:8080/api", "request_timeout": 30, "shutdown_timeout": 5},
-        # No warm-up probes by default: tests count the requests each emulator saw.
-        "dispatch": {
-            "health_check_interval": 0.5,
-            "scrape_interval": 0.2,
-            "health_timeout": 1.0,
-            "warmup_tokens": 0,
-        },
-        "instances": instances,
-    }
-    for name, values in sections.items():
-        data.setdefault(name, {}).update(values)
-    return Settings(**data)
+    """Settings for tests: the loopback defaults, a short request timeout and no warm-up probes
+    (tests count the requests each emulator saw); sections override."""
+    gateway = {"request_timeout": 30, "shutdown_timeout": 5, **sections.pop("gateway", {})}
+    dispatch = {"health_timeout": 1.0, "warmup_tokens": 0, **sections.pop("dispatch", {})}
+    return loopback_settings(urls, names=names, roles=roles, gateway=gateway, dispatch=dispatch, **sections)
+
+
+def serve(settings: Settings) -> AbstractAsyncContextManager[RunningGateway]:
+    """A real gateway on a free loopback port with the tests' key; lifespan done on entry."""
+    return serve_gateway(settings, key=KEY)
 
 
 @asynccontextmanager
 async def running_gateway(
     configs: list[EmulatorConfig], **sections: dict[str, Any]
 ) -> AsyncIterator[Running]:
-    async with run_fleet(configs) as fleet:
-        app = create_app(gateway_settings(fleet.urls, **sections), environ=ENV)
-        async with serve_asgi(app) as served:
-            yield Running(served.url, app, fleet)
+    async with run_fleet(configs) as fleet, serve(gateway_settings(fleet.urls, **sections)) as g:
+        yield Running(g.url, g.key, g.app, fleet)
+
+
+async def wait_until(predicate: Callable[[], bool], within: float = 5.0, what: str = "condition") -> None:
+    """Poll in-process server state every few ms, up to ``within`` seconds (bounded; never a bare sleep)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not met within {within:g}s")
+        await asyncio.sleep(0.005)
 
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[Running]]

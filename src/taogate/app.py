@@ -1,16 +1,19 @@
 """``create_app(settings)``: the ASGI application.
 
-Proxied POST routes are served by a thin ASGI layer straight into ``Gateway.handle`` (no per-request
-framework routing, validation or response objects on the hot path). Everything else (health,
-readiness, models, metrics, admin) is a small FastAPI app behind it. Both answer under the plain
-paths and under the path of ``[gateway] base_url`` (e.g. ``/api/v1/...``).
+Proxied POST routes are served by a thin ASGI layer straight into the gateway's request pipeline
+(no per-request framework routing, validation or response objects on the hot path). Everything
+else (health, readiness, models, metrics, admin) is a small FastAPI app behind it. Both answer
+under the plain paths and under the path of ``[gateway] base_url`` (e.g. ``/api/v1/...``).
+``serve_gateway`` runs the whole on loopback for the demo, the benchmarks and the tests.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +26,7 @@ from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorize
 from taogate.gateway import Gateway
 from taogate.proxy.auth import header
 from taogate.proxy.routes import ROUTES, Route
+from taogate.serving import serve_asgi
 from taogate.settings import Settings
 
 log = logging.getLogger("taogate.app")
@@ -153,3 +157,32 @@ def create_app(
         if prefix:
             routes[prefix + route.path] = route
     return TaogateApp(gateway, _build_api(gateway, prefix), routes)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningGateway:
+    """A gateway served on loopback by ``serve_gateway``: where it is, its key, its app."""
+
+    url: str  # http://127.0.0.1:PORT
+    key: str
+    app: TaogateApp
+
+    @property
+    def api_base(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.app.gateway
+
+
+@asynccontextmanager
+async def serve_gateway(
+    settings: Settings, *, key: str | None = None, **gateway_kwargs: Any
+) -> AsyncIterator[RunningGateway]:
+    """The gateway on a free loopback port until the block exits (the demo, benchmarks and tests);
+    its unified key is ``key``, or a fresh random one."""
+    key = key or secrets.token_urlsafe(24)
+    app = create_app(settings, environ={settings.gateway.api_key_env: key}, **gateway_kwargs)
+    async with serve_asgi(app) as served:
+        yield RunningGateway(served.url, key, app)

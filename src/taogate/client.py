@@ -17,16 +17,16 @@ import openai
 from taogate.settings import ClientProfile, read_client_settings
 
 
-def api_base(profile: ClientProfile) -> str:
+def api_base(base_url: str) -> str:
     """The SDK's base_url: the gateway's base plus /v1 (unless already given)."""
-    base = profile.base_url.rstrip("/")
+    base = base_url.rstrip("/")
     return base if base.endswith("/v1") else base + "/v1"
 
 
 def _kwargs(profile: ClientProfile, environ: Mapping[str, str] | None) -> dict[str, object]:
     t = profile.timeout
     return {
-        "base_url": api_base(profile),
+        "base_url": api_base(profile.base_url),
         "api_key": profile.resolved_api_key(environ),
         "timeout": openai.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.connect),
         "max_retries": max(0, profile.retry.max_attempts - 1),

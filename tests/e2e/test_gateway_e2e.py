@@ -77,7 +77,7 @@ async def test_embeddings_models_and_tokenize(gw: Running) -> None:
 
 
 async def test_auth_failures_are_openai_shaped_401(gw: Running) -> None:
-    client = openai.AsyncOpenAI(base_url=gw.api, api_key="wrong", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=gw.api_base, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     assert e.value.status_code == 401
@@ -85,9 +85,9 @@ async def test_auth_failures_are_openai_shaped_401(gw: Running) -> None:
     assert isinstance(body, dict) and body["type"] == "authentication_error"
     await client.close()
     async with httpx.AsyncClient() as h:
-        r = await h.post(gw.api + "/chat/completions", json={"model": MODEL})
+        r = await h.post(gw.api_base + "/chat/completions", json={"model": MODEL})
         assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
-        r = await h.get(gw.api + "/models")
+        r = await h.get(gw.api_base + "/models")
         assert r.status_code == 401
         metrics = (await h.get(gw.url + "/metrics")).text
     assert 'taogate_rejections_total{reason="auth"} 3.0' in metrics
@@ -96,24 +96,24 @@ async def test_auth_failures_are_openai_shaped_401(gw: Running) -> None:
 async def test_bad_input_gets_clear_errors_and_leaks_nothing(gw: Running) -> None:
     auth = {"authorization": f"Bearer {KEY}"}
     async with httpx.AsyncClient(headers=auth, timeout=10) as h:
-        r = await h.post(gw.api + "/chat/completions", content=b"{not json")
+        r = await h.post(gw.api_base + "/chat/completions", content=b"{not json")
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
-        r = await h.post(gw.api + "/chat/completions", content=b"[1, 2]")
+        r = await h.post(gw.api_base + "/chat/completions", content=b"[1, 2]")
         assert r.status_code == 400
-        r = await h.post(gw.api + "/chat/completions", json={"messages": []})
+        r = await h.post(gw.api_base + "/chat/completions", json={"messages": []})
         assert r.status_code == 400 and r.json()["error"]["param"] == "model"
-        r = await h.post(gw.api + "/chat/completions", json={"model": "nope", "messages": []})
+        r = await h.post(gw.api_base + "/chat/completions", json={"model": "nope", "messages": []})
         err = r.json()["error"]
         assert r.status_code == 404 and err["code"] == "model_not_found" and MODEL in err["message"]
         big = b'{"model": "emulated-model", "prompt": "' + b"x" * (33 * 1024 * 1024) + b'"}'
-        r = await h.post(gw.api + "/completions", content=big)
+        r = await h.post(gw.api_base + "/completions", content=big)
         assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
-        r = await h.get(gw.api + "/chat/completions")
+        r = await h.get(gw.api_base + "/chat/completions")
         assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
         r = await h.get(gw.url + "/v2/whatever")
         assert r.status_code == 404 and "/v1" in r.json()["error"]["message"]
         # The emulator's own 400 (prompt too long) passes through unchanged.
-        r = await h.post(gw.api + "/completions", json={"model": MODEL, "prompt": [1] * 40_000})
+        r = await h.post(gw.api_base + "/completions", json={"model": MODEL, "prompt": [1] * 40_000})
         assert r.status_code == 400 and r.json()["error"]["code"] == 400
     assert all(i.inflight == 0 and i.prefill_tokens == 0 for i in gw.gateway.fleet)
 
@@ -122,7 +122,7 @@ async def test_request_id_tag_and_instance_headers(gw: Running) -> None:
     headers = {"authorization": f"Bearer {KEY}", "x-request-tag": "prefill-bench"}
     async with httpx.AsyncClient(headers=headers, timeout=30) as h:
         r = await h.post(
-            gw.api + "/completions",
+            gw.api_base + "/completions",
             json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
             headers={"x-request-id": "abc-123"},
         )
@@ -131,7 +131,7 @@ async def test_request_id_tag_and_instance_headers(gw: Running) -> None:
         served_by = r.headers["x-taogate-instance"]
         long_prompt = "This is a long text used to test prefill performance. " * 500
         r = await h.post(
-            gw.api + "/completions", json={"model": MODEL, "prompt": long_prompt, "max_tokens": 2}
+            gw.api_base + "/completions", json={"model": MODEL, "prompt": long_prompt, "max_tokens": 2}
         )
         assert r.status_code == 200
     seen = [rec for inst in gw.fleet.instances for rec in inst.stats()["records"]]
@@ -165,7 +165,7 @@ async def test_client_disconnect_aborts_upstream_and_frees_the_slot(gateway_fact
         inst = gw.fleet.instances[0]
         async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=30) as h:
             body = {"model": MODEL, "prompt": "long story", "max_tokens": 2000, "stream": True}
-            async with h.stream("POST", gw.api + "/completions", json=body) as r:
+            async with h.stream("POST", gw.api_base + "/completions", json=body) as r:
                 assert r.status_code == 200
                 async for _ in r.aiter_bytes():
                     break  # one chunk, then hang up
@@ -188,7 +188,7 @@ async def test_a_client_gone_before_the_watch_starts_still_aborts_a_non_stream_r
         async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=30) as h:
             body = {"model": MODEL, "prompt": "long story", "max_tokens": 2000}
             with pytest.raises(httpx.ReadTimeout):
-                await h.post(gw.api + "/completions", json=body, timeout=httpx.Timeout(30, read=0.01))
+                await h.post(gw.api_base + "/completions", json=body, timeout=httpx.Timeout(30, read=0.01))
         for _ in range(200):
             if inst.stats()["aborted"] == 1 and gw.gateway.fleet.get("i0").inflight == 0:
                 break
@@ -213,7 +213,7 @@ async def test_a_bug_inside_the_gateway_is_an_openai_shaped_500_and_holds_nothin
 
     gw.gateway.pipeline.intake.tokens.estimate = broken  # type: ignore[method-assign]
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=10) as h:
-        r = await h.post(gw.api + "/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+        r = await h.post(gw.api_base + "/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
     assert r.status_code == 500
     err = r.json()["error"]
     assert err["type"] == "internal_error" and r.headers["x-request-id"] in err["message"]

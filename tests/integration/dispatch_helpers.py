@@ -10,18 +10,16 @@ import asyncio
 import functools
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from taogate.app import create_app
+from taogate.app import RunningGateway
 from taogate.emulator.fleet import Fleet
-from taogate.serving import serve_asgi
-from taogate.settings import Settings
-from tests.conftest import ENV, KEY, Gate, gateway_settings
+from tests.conftest import KEY, gateway_settings, serve, wait_until
 
 MODEL = "emulated-model"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -39,12 +37,7 @@ def words(n_tokens: int, seed: int) -> str:
 settings_for = gateway_settings  # instance roles and names can be given
 
 
-@asynccontextmanager
-async def serve_gateway(settings: Settings) -> AsyncIterator[Gate]:
-    """A real gateway (uvicorn on a free loopback port) with these settings; lifespan done on entry."""
-    app = create_app(settings, environ=ENV)
-    async with serve_asgi(app) as served:
-        yield Gate(served.url, app)
+serve_gateway = serve
 
 
 def client(timeout: float = 30.0) -> httpx.AsyncClient:
@@ -54,7 +47,7 @@ def client(timeout: float = 30.0) -> httpx.AsyncClient:
 
 async def complete(
     http: httpx.AsyncClient,
-    gate: Gate | str,
+    gate: RunningGateway | str,
     prompt: str,
     *,
     max_tokens: int = 2,
@@ -62,7 +55,7 @@ async def complete(
     headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     """POST /v1/completions through the gateway; a stream is read to its end (the body stays readable)."""
-    api = gate if isinstance(gate, str) else gate.api
+    api = gate if isinstance(gate, str) else gate.api_base
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
     if not stream:
         return await http.post(api + "/completions", json=body, headers=headers)
@@ -112,20 +105,10 @@ def header_counts(responses: Sequence[httpx.Response]) -> Counter[str]:
     return Counter(r.headers.get("x-taogate-instance", "?") for r in responses)
 
 
-async def admin_rows(http: httpx.AsyncClient, gate: Gate) -> dict[str, dict[str, Any]]:
+async def admin_rows(http: httpx.AsyncClient, gate: RunningGateway) -> dict[str, dict[str, Any]]:
     r = await http.get(gate.url + "/admin/instances")
     assert r.status_code == 200, r.text
     return {row["name"]: row for row in r.json()["instances"]}
-
-
-async def wait_until(predicate: Callable[[], bool], within: float = 5.0, what: str = "condition") -> None:
-    """Poll in-process server state every few ms, up to ``within`` seconds (bounded; never a bare sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what}: not met within {within:g}s")
-        await asyncio.sleep(0.005)
 
 
 @dataclass
@@ -174,7 +157,7 @@ def _reached(count: Callable[[], int], target: int) -> bool:
 
 async def send_in_order(
     http: httpx.AsyncClient,
-    gate: Gate,
+    gate: RunningGateway,
     fleet: Fleet,
     requests: Sequence[tuple[str, int]],
 ) -> list[httpx.Response]:

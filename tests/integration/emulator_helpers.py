@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,13 +26,3 @@ def metric(text: str, name: str, **labels: str) -> float:
         if found == {"model_name": "emulated-model", **labels}:
             return float(match.group(3))
     raise KeyError(f"{name}{labels} not in metrics")
-
-
-async def wait_until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    """Poll a condition on server state every few ms, up to ``within`` seconds (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)

@@ -42,7 +42,7 @@ async def test_runner_streams_and_records_usage_instance_and_ttft() -> None:
 
 
 async def test_chat_requests_and_gateway_instance_header(gw: Running) -> None:
-    run = await run_load([Target(gw.api, KEY)], shared_prefix(6, 3, system_tokens=100), MODEL)
+    run = await run_load([Target(gw.api_base, KEY)], shared_prefix(6, 3, system_tokens=100), MODEL)
     assert all(s.ok for s in run.samples), [s.error for s in run.samples]
     assert {s.instance for s in run.samples} <= {"i0", "i1"} and all(s.instance for s in run.samples)
 
@@ -63,7 +63,7 @@ async def test_duration_cap_cancels_what_hangs() -> None:
 
 async def test_errors_are_recorded_with_their_status(gw: Running) -> None:
     wl = Workload("bad", article(2, 2, 20).requests, 2)
-    run = await run_load([Target(gw.api, "wrong-key")], wl, MODEL)
+    run = await run_load([Target(gw.api_base, "wrong-key")], wl, MODEL)
     assert [s.status for s in run.samples] == [401, 401]
     assert all(s.error for s in run.samples)
 

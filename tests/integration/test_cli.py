@@ -61,7 +61,7 @@ async def test_status_and_drain_against_a_running_gateway(gw: Running) -> None:
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}, timeout=30) as h:
         for _ in range(4):
             r = await h.post(
-                gw.api + "/completions", json={"model": "emulated-model", "prompt": "x", "max_tokens": 1}
+                gw.api_base + "/completions", json={"model": "emulated-model", "prompt": "x", "max_tokens": 1}
             )
             assert r.headers["x-taogate-instance"] == "i1"
     result = await asyncio.to_thread(runner.invoke, app, ["undrain", "i0", *args])

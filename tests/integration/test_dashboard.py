@@ -224,7 +224,7 @@ async def test_every_dashboard_query_returns_data(gateway_factory: GatewayFactor
                         stdout=DEVNULL,
                     )
                     await asyncio.sleep(1)
-                    await _extra_traffic(gw.api)
+                    await _extra_traffic(gw.api_base)
                     assert await asyncio.wait_for(load.wait(), 30) == 0
                     await asyncio.sleep(2.5)  # the last scrapes after the load
                     end = time.time()

@@ -23,7 +23,7 @@ async def _shared_prefix_run(**dispatch: object) -> tuple[float, str]:
     async with run_fleet(configs) as fleet:
         settings = settings_for(fleet.urls, dispatch=dict(dispatch))
         async with serve_gateway(settings) as gate:
-            sdk = openai.AsyncOpenAI(base_url=gate.api, api_key=KEY, max_retries=0, timeout=30)
+            sdk = openai.AsyncOpenAI(base_url=gate.api_base, api_key=KEY, max_retries=0, timeout=30)
             jobs = [(s, q) for s in range(6) for q in range(6)]
             random.Random(7).shuffle(jobs)
             slots = asyncio.Semaphore(4)

@@ -12,14 +12,23 @@ import pytest
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import Fleet, run_fleet
 
-from .dispatch_helpers import Gate, client, complete, records, serve_gateway, settings_for, wait_until, words
+from .dispatch_helpers import (
+    RunningGateway,
+    client,
+    complete,
+    records,
+    serve_gateway,
+    settings_for,
+    wait_until,
+    words,
+)
 
 TAG = "longin"
 LONG, SHORT = 1_500, 40  # estimated tokens, either side of the 500-token threshold
 
 
 @asynccontextmanager
-async def _channels() -> AsyncIterator[tuple[Gate, Fleet]]:
+async def _channels() -> AsyncIterator[tuple[RunningGateway, Fleet]]:
     """i0 serves long inputs only, i1 short ones only; probes every 0.1 s, down after one failure."""
     async with run_fleet([EmulatorConfig(seed=i) for i in range(2)]) as fleet:
         settings = settings_for(

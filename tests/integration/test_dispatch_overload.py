@@ -95,7 +95,7 @@ async def test_queue_timeout_gives_429_queue_timeout_and_the_sdk_sees_a_rate_lim
             assert 0.25 < waited < 1.0, waited  # gave up at queue_timeout, not when the slot freed
             assert not holder.done()
 
-            sdk = openai.AsyncOpenAI(base_url=gate.api, api_key=KEY, max_retries=0, timeout=10)
+            sdk = openai.AsyncOpenAI(base_url=gate.api_base, api_key=KEY, max_retries=0, timeout=10)
             try:
                 try:
                     await sdk.completions.create(model=MODEL, prompt="again", max_tokens=1)

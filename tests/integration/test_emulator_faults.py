@@ -9,8 +9,9 @@ import openai
 import pytest
 
 from taogate.emulator import Faults, run_fleet
+from tests.conftest import wait_until
 
-from .emulator_helpers import fast_config, wait_until
+from .emulator_helpers import fast_config
 
 
 async def test_unhealthy_and_faults_over_http() -> None:

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import httpx
 
 from taogate.emulator import run_fleet
+from tests.conftest import wait_until
 
-from .emulator_helpers import fast_config, metric, wait_until
+from .emulator_helpers import fast_config, metric
 
 
 async def test_metrics_move_as_load_arrives() -> None:

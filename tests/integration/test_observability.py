@@ -31,7 +31,7 @@ async def _load(gw: Running, n: int, concurrency: int, words: int) -> None:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            async with h.stream("POST", gw.api + "/completions", json=body) as r:
+            async with h.stream("POST", gw.api_base + "/completions", json=body) as r:
                 assert r.status_code == 200
                 async for _ in r.aiter_bytes():
                     pass
@@ -44,7 +44,7 @@ async def test_metrics_pass_promtool(gw: Running) -> None:
     promtool = require_tool("promtool", hint="apt-get install prometheus")
     await _load(gw, 6, 3, 200)
     async with httpx.AsyncClient(headers=AUTH) as h:
-        await h.post(gw.api + "/completions", json={"model": "nope", "prompt": "x"})
+        await h.post(gw.api_base + "/completions", json={"model": "nope", "prompt": "x"})
         text = (await h.get(gw.url + "/metrics")).text
     for name in (
         "taogate_requests_total",

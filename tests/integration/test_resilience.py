@@ -39,8 +39,8 @@ async def run_load(gw: Running, n: int, concurrency: int, stream: bool = False) 
     async def one(h: httpx.AsyncClient, i: int) -> int:
         async with sem:
             if not stream:
-                return (await h.post(gw.api + "/completions", json=body(i))).status_code
-            async with h.stream("POST", gw.api + "/completions", json=body(i, True)) as r:
+                return (await h.post(gw.api_base + "/completions", json=body(i))).status_code
+            async with h.stream("POST", gw.api_base + "/completions", json=body(i, True)) as r:
                 data = b"".join([c async for c in r.aiter_bytes()])
                 return r.status_code if data.endswith(b"data: [DONE]\n\n") and b'"error"' not in data else 599
 
@@ -113,7 +113,7 @@ async def test_a_stream_broken_mid_way_ends_cleanly_with_an_error_event(
         gw.fleet.instances[0].faults.close_mid_stream = 2
         async with (
             httpx.AsyncClient(headers=AUTH, timeout=10) as h,
-            h.stream("POST", gw.api + "/completions", json=body(1, True, 20)) as r,
+            h.stream("POST", gw.api_base + "/completions", json=body(1, True, 20)) as r,
         ):
             data = b"".join([c async for c in r.aiter_bytes()])
         assert r.status_code == 200
@@ -130,7 +130,7 @@ async def test_a_stalled_stream_is_ended_by_the_idle_timeout(gateway_factory: Ga
         gw.fleet.instances[0].faults.latency_spike = 1.5
         async with (
             httpx.AsyncClient(headers=AUTH, timeout=10) as h,
-            h.stream("POST", gw.api + "/completions", json=body(1, True, 20)) as r,
+            h.stream("POST", gw.api_base + "/completions", json=body(1, True, 20)) as r,
         ):
             data = b"".join([c async for c in r.aiter_bytes()])
         assert b'"code":"stream_idle_timeout"' in data and data.endswith(b"data: [DONE]\n\n")
@@ -182,13 +182,13 @@ async def test_randomized_disconnects_and_timeouts_leak_nothing(gateway_factory:
             try:
                 if rng.random() < 0.5:
                     async with h.stream(
-                        "POST", gw.api + "/completions", json=body(i, True, 50), timeout=timeout
+                        "POST", gw.api_base + "/completions", json=body(i, True, 50), timeout=timeout
                     ) as r:
                         async for _ in r.aiter_bytes():
                             if rng.random() < 0.3:
                                 break  # hang up mid-stream
                 else:
-                    await h.post(gw.api + "/completions", json=body(i, False, 30), timeout=timeout)
+                    await h.post(gw.api_base + "/completions", json=body(i, False, 30), timeout=timeout)
             except httpx.HTTPError:
                 pass
 
@@ -297,11 +297,11 @@ async def test_graceful_stop_finishes_in_flight_and_refuses_new_work() -> None:
         running_gateway(fleet(1), dispatch={"max_queue_per_instance": 1}) as gw,
         httpx.AsyncClient(headers=AUTH, timeout=10) as h,
     ):
-        slow = asyncio.create_task(h.post(gw.api + "/completions", json=body(1, False, 40)))
+        slow = asyncio.create_task(h.post(gw.api_base + "/completions", json=body(1, False, 40)))
         await wait_for(lambda: gw.gateway.fleet.get("i0").inflight == 1)
         stopping = asyncio.create_task(gw.gateway.stop())
         await asyncio.sleep(0.05)
-        r = await h.post(gw.api + "/completions", json=body(2))
+        r = await h.post(gw.api_base + "/completions", json=body(2))
         assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
         assert (await slow).status_code == 200
         await stopping
@@ -319,10 +319,10 @@ async def test_an_exhausted_connection_pool_is_a_503_and_never_blames_the_instan
         stream = body(0, True, max_tokens=600)
         async with (
             httpx.AsyncClient(headers=AUTH, timeout=30) as h,
-            h.stream("POST", gw.api + "/completions", json=stream) as long,
+            h.stream("POST", gw.api_base + "/completions", json=stream) as long,
         ):
             assert long.status_code == 200
-            refused = await h.post(gw.api + "/completions", json=body(1))
+            refused = await h.post(gw.api_base + "/completions", json=body(1))
             data = b"".join([c async for c in long.aiter_bytes()])
         assert data.endswith(b"data: [DONE]\n\n")
         assert refused.status_code == 503

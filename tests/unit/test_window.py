@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.fleet.window import RollingWindow, percentile
+from taogate.fleet.window import RollingWindow
 
 
 def test_counts_expire_after_the_window() -> None:
@@ -17,13 +17,6 @@ def test_counts_expire_after_the_window() -> None:
     assert (s.requests, s.errors, s.prompt_tokens) == (1, 1, 5)
     assert s.ttft_p50 is None
     assert w.stats(500.0).requests == 0
-
-
-def test_percentile_nearest_rank() -> None:
-    values = [float(i) for i in range(1, 101)]
-    assert percentile(values, 0.5) == 50.0
-    assert percentile(values, 0.99) == 99.0
-    assert percentile([3.0], 0.99) == 3.0
 
 
 @settings(max_examples=50, deadline=None)

@@ -32,6 +32,7 @@ from taogate.bench.render import (
 )
 from taogate.bench.runner import Target
 from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs
+from taogate.client import api_base
 from taogate.emulator.config import EmulatorConfig
 
 __all__ = ["bench", "demo", "diagnose"]
@@ -82,10 +83,7 @@ class Endpoint:
 
     @property
     def api_base(self) -> str | None:
-        if self.base_url is None:
-            return None
-        base = self.base_url.rstrip("/")
-        return base if base.endswith("/v1") else base + "/v1"
+        return None if self.base_url is None else api_base(self.base_url)
 
 
 def _fail(message: str, code: int = 3) -> typer.Exit:

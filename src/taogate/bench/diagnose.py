@@ -39,9 +39,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from taogate.app import serve_gateway
 from taogate.bench.report import IMBALANCE_RATIO, Summary, ratio, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
-from taogate.bench.scenarios import Scenario, admin_instances, gateway_settings, serve_gateway
+from taogate.bench.scenarios import Scenario, admin_instances, gateway_settings
 from taogate.bench.workloads import RequestSpec, Workload, filler
 
 __all__ = [

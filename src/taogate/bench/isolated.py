@@ -29,13 +29,13 @@ from typing import Any
 
 import httpx
 
+from taogate.bench.procs import launch
 from taogate.emulator.config import EmulatorConfig
 
 __all__ = ["fleet_process", "fleet_stats", "gateway_process"]
 
 READY = "ready "
 START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 
 
 @contextlib.asynccontextmanager
@@ -44,55 +44,12 @@ async def _child(kind: str, payload: Any, count: int) -> AsyncIterator[list[str]
     with tempfile.TemporaryDirectory(prefix="taogate-isolated-") as tmp:
         spec = Path(tmp) / "spec.pickle"
         spec.write_bytes(pickle.dumps(payload))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "taogate.bench.isolated",
-            kind,
-            str(spec),
-            stdout=asyncio.subprocess.PIPE,  # the ready lines; the child then points its stdout at stderr
+        cmd = [sys.executable, "-m", "taogate.bench.isolated", kind, str(spec)]
+        launched = launch(
+            cmd, name=f"isolated {kind}", ready_prefix=READY, ready_count=count, ready_within=START_TIMEOUT_S
         )
-        try:
-            yield await _ready_urls(proc, kind, count)
-        finally:
-            await _stop(proc)
-
-
-async def _ready_urls(proc: asyncio.subprocess.Process, kind: str, count: int) -> list[str]:
-    urls: list[str] = []
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while len(urls) < count:
-                line = (await proc.stdout.readline()).decode()
-                if not line:
-                    code = await proc.wait()
-                    raise RuntimeError(f"isolated {kind} exited with code {code} before it was ready")
-                if line.startswith(READY):
-                    urls.append(line[len(READY) :].strip())
-    except TimeoutError:
-        raise RuntimeError(f"isolated {kind} was not ready within {START_TIMEOUT_S:g} s") from None
-    return urls
-
-
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM, then SIGKILL after a bounded wait; a cancellation meanwhile kills it at once."""
-    if proc.returncode is not None:
-        return
-    try:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(STOP_TIMEOUT_S):
-            await proc.wait()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-    except asyncio.CancelledError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await asyncio.shield(proc.wait())
-        raise
+        async with launched as child:
+            yield child.urls
 
 
 def fleet_process(configs: Sequence[EmulatorConfig]) -> contextlib.AbstractAsyncContextManager[list[str]]:

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
 
+from taogate.app import serve_gateway
 from taogate.bench.isolated import fleet_process, fleet_stats, gateway_process
 from taogate.bench.report import Summary, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
 from taogate.bench.workloads import Workload
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
+from taogate.settings import Settings
 
 __all__ = [
     "COMPARE",
@@ -39,9 +41,9 @@ __all__ = [
     "fleet_configs",
     "gateway_settings",
     "instance_capacity",
+    "loopback_settings",
     "pooled_config",
     "run_scenario",
-    "serve_gateway",
 ]
 
 Kind = Literal["direct", "gateway", "pooled"]
@@ -114,56 +116,51 @@ def fleet_capacity(configs: Sequence[EmulatorConfig]) -> float:
     return sum(instance_capacity(c) for c in configs)
 
 
+def loopback_settings(
+    urls: Sequence[str],
+    *,
+    names: Sequence[str] | None = None,
+    roles: Sequence[str] | None = None,
+    **sections: Mapping[str, Any],
+) -> Settings:
+    """Settings for a gateway on 127.0.0.1 in front of ``urls``: instances named i0, i1, ... (or
+    ``names``, with ``roles``), probes and scrapes every fraction of a second; ``sections`` (nested
+    as in config.toml) override."""
+    instances: list[dict[str, Any]] = []
+    for n, url in enumerate(urls):
+        item: dict[str, Any] = {"url": url, "name": names[n] if names else f"i{n}"}
+        if roles is not None:
+            item["role"] = roles[n]
+        instances.append(item)
+    data: dict[str, Any] = {
+        "gateway": {"base_url": "http://127.0.0.1:8080/api", "host": "127.0.0.1"},
+        "dispatch": {"health_check_interval": 0.5, "scrape_interval": 0.2},
+        "instances": instances,
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return Settings(**data)
+
+
 def gateway_settings(
     urls: Sequence[str], scenario: Scenario, *, names: Sequence[str] | None = None, **dispatch: Any
-) -> Any:
-    """taogate ``Settings`` for a loopback gateway in front of ``urls`` (fast probes and scrapes)."""
-    from taogate.settings import Settings
-
+) -> Settings:
+    """The gateway of a benchmark ``scenario`` in front of ``urls``: its strategy and cap, and a
+    queue and pool that never are the bottleneck under test."""
     cap = dispatch.get("max_queue_per_instance", scenario.max_queue)
-    return Settings(
-        gateway={
-            "base_url": "http://127.0.0.1:8080/api",
-            "request_timeout": 300,
-            "host": "127.0.0.1",
-            "max_connections": max(64, cap * len(urls)),  # the pool never the bottleneck under test
-        },
+    return loopback_settings(
+        urls,
+        names=names,
+        gateway={"request_timeout": 300, "max_connections": max(64, cap * len(urls))},
         dispatch={
             "strategy": scenario.strategy,
             "prefix_affinity": scenario.prefix_affinity,
             "max_queue_per_instance": scenario.max_queue,
-            "health_check_interval": 0.5,
-            "scrape_interval": 0.2,
             "queue_size": 4096,
             "queue_timeout": 300,
             **dispatch,
         },
-        instances=[{"url": u, "name": names[n] if names else f"i{n}"} for n, u in enumerate(urls)],
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """A running gateway (in this process or its own): its root URL and key."""
-
-    url: str
-    key: str
-
-    @property
-    def api_base(self) -> str:
-        return self.url + "/v1"
-
-
-@contextlib.asynccontextmanager
-async def serve_gateway(settings: Any) -> AsyncIterator[Served]:
-    """Run taogate on a free loopback port with a fresh random key until the block exits."""
-    from taogate.app import create_app
-    from taogate.serving import serve_asgi
-
-    key = secrets.token_urlsafe(24)
-    env = {settings.gateway.api_key_env: key}
-    async with serve_asgi(create_app(settings, environ=env)) as served:
-        yield Served(served.url, key)
 
 
 async def admin_instances(url: str, key: str) -> dict[str, Any] | None:
@@ -212,14 +209,14 @@ async def _gateway_run(
     isolated: bool = False,
 ) -> tuple[Run, dict[str, Any] | None]:
     settings = gateway_settings(urls, scenario, names=names)
+    key = secrets.token_urlsafe(24)
     async with contextlib.AsyncExitStack() as stack:
         if isolated:
-            key = secrets.token_urlsafe(24)
-            gw = Served(await stack.enter_async_context(gateway_process(settings, key)), key)
+            url = await stack.enter_async_context(gateway_process(settings, key))
         else:
-            gw = await stack.enter_async_context(serve_gateway(settings))
-        run = await run_load([Target(gw.api_base, gw.key)], workload, model, label=scenario.label, **load)
-        return run, await admin_instances(gw.url, gw.key)
+            url = (await stack.enter_async_context(serve_gateway(settings, key=key))).url
+        run = await run_load([Target(url + "/v1", key)], workload, model, label=scenario.label, **load)
+        return run, await admin_instances(url, key)
 
 
 async def run_scenario(

@@ -7,7 +7,7 @@ percentiles come from a bounded reservoir of the most recent samples inside the 
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,12 +20,6 @@ class WindowStats:
     completion_tokens: int
     ttft_p50: float | None
     ttft_p99: float | None
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an already sorted, non-empty list."""
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 class RollingWindow:
@@ -61,12 +55,14 @@ class RollingWindow:
             if stamp >= oldest:
                 for k in range(4):
                     totals[k] += bucket[k]
-        ttfts = sorted(t for at, t in self._ttft if at >= now - self._seconds)
+        ttfts = [t for at, t in self._ttft if at >= now - self._seconds]
+        # Linear interpolation between ranks, as the benchmarks' percentiles (bench.report).
+        cuts = statistics.quantiles(ttfts, n=100, method="inclusive") if len(ttfts) > 1 else ttfts * 99
         return WindowStats(
             requests=totals[0],
             errors=totals[1],
             prompt_tokens=totals[2],
             completion_tokens=totals[3],
-            ttft_p50=percentile(ttfts, 0.5) if ttfts else None,
-            ttft_p99=percentile(ttfts, 0.99) if ttfts else None,
+            ttft_p50=cuts[49] if cuts else None,
+            ttft_p99=cuts[98] if cuts else None,
         )

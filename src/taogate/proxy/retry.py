@@ -29,6 +29,7 @@ from enum import StrEnum
 
 __all__ = ["FailureKind", "RetryBudget", "Verdict", "backoff", "classify"]
 
+
 def backoff(attempt: int, base: float, cap: float, rand: float) -> float:
     """Seconds to wait before retry number ``attempt`` (1 = the first retry), ``rand`` in [0, 1).
 
