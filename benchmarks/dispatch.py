@@ -446,7 +446,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         console.print(oracle_table(args, rate))
     t0 = time.perf_counter()
     only = set(args.only)
-    article = workloads.article(args.requests, args.concurrency, args.prompt_tokens, 16)
+    article = workloads.long_prompts(args.requests, args.concurrency, args.prompt_tokens, 16)
     groups: dict[str, list[Outcome]] = {}
     if "a_off" in only:
         groups["a_off"] = await run_rows(console, "(a) caching off", article, False, args)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from taogate.bench.cli import diagnose as diagnose_command
 from taogate.bench.diagnose import Diagnosis, diagnose
 from taogate.bench.scenarios import fleet_configs
-from taogate.bench.workloads import RequestSpec, Workload, article, filler
+from taogate.bench.workloads import RequestSpec, Workload, filler, long_prompts
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 
@@ -35,7 +35,7 @@ def long_every_fourth(n: int = 80, rate: float = 100.0, long: int = 8000, short:
 
 
 async def test_names_the_slow_instance() -> None:
-    result = await run({2: 4.0}, "least_busy", article(16, 8, prompt_tokens=2048))
+    result = await run({2: 4.0}, "least_busy", long_prompts(16, 8, prompt_tokens=2048))
     v = result.verdict
     assert v.kind == "slow" and v.instance == "i2" and v.exit_code == 2, v
     assert result.evidence.probe_speeds["i2"] < 0.4 * result.evidence.probe_speeds["i0"]
@@ -51,7 +51,7 @@ async def test_round_robin_piling_long_prompts_is_dispatch() -> None:
 
 
 async def test_homogeneous_least_busy_fleet_is_balanced() -> None:
-    result = await run({}, "least_busy", article(16, 8, prompt_tokens=2048))
+    result = await run({}, "least_busy", long_prompts(16, 8, prompt_tokens=2048))
     assert result.verdict.kind == "balanced" and result.verdict.exit_code == 0, result.verdict
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from taogate.bench.cli import bench
 from taogate.bench.runner import Target, run_load
-from taogate.bench.workloads import Workload, article, shared_prefix
+from taogate.bench.workloads import Workload, long_prompts, shared_prefix
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from tests.conftest import KEY, Running
@@ -32,7 +32,7 @@ def cli() -> typer.Typer:
 async def test_runner_streams_and_records_usage_instance_and_ttft() -> None:
     async with run_fleet([replace(QUICK, seed=i) for i in range(2)]) as fleet:
         targets = [Target(u + "/v1", "", f"i{n}") for n, u in enumerate(fleet.urls)]
-        run = await run_load(targets, article(8, 4, prompt_tokens=300, max_tokens=5), MODEL)
+        run = await run_load(targets, long_prompts(8, 4, prompt_tokens=300, max_tokens=5), MODEL)
     assert len(run.samples) == 8 and all(s.ok for s in run.samples)
     assert sorted(s.index for s in run.samples) == list(range(8))
     assert {s.instance for s in run.samples} == {"i0", "i1"}
@@ -52,7 +52,7 @@ async def test_duration_cap_cancels_what_hangs() -> None:
     async with run_fleet([hanging]) as fleet:
         t = time.perf_counter()
         run = await run_load(
-            [Target(fleet.urls[0] + "/v1", "", "i0")], article(5, 2, 50), MODEL, max_seconds=0.5
+            [Target(fleet.urls[0] + "/v1", "", "i0")], long_prompts(5, 2, 50), MODEL, max_seconds=0.5
         )
         elapsed = time.perf_counter() - t
     assert elapsed < 3
@@ -62,7 +62,7 @@ async def test_duration_cap_cancels_what_hangs() -> None:
 
 
 async def test_errors_are_recorded_with_their_status(gw: Running) -> None:
-    wl = Workload("bad", article(2, 2, 20).requests, 2)
+    wl = Workload("bad", long_prompts(2, 2, 20).requests, 2)
     run = await run_load([Target(gw.api_base, "wrong-key")], wl, MODEL)
     assert [s.status for s in run.samples] == [401, 401]
     assert all(s.error for s in run.samples)

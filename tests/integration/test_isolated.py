@@ -14,7 +14,7 @@ import pytest
 from taogate.bench import isolated
 from taogate.bench.isolated import fleet_process, fleet_stats, gateway_process
 from taogate.bench.scenarios import Scenario, gateway_settings, run_scenario
-from taogate.bench.workloads import article
+from taogate.bench.workloads import long_prompts
 from taogate.emulator.config import EmulatorConfig
 
 QUICK = EmulatorConfig(prefill_tokens_per_s=200_000, step_overhead=0.002, decode_tokens_per_s=50_000)
@@ -48,7 +48,7 @@ async def test_run_scenario_isolated_reports_the_emulators_books() -> None:
     configs = [replace(QUICK, seed=i, enable_prefix_caching=True) for i in range(2)]
     outcome = await run_scenario(
         Scenario("lb", "gateway"),
-        article(6, 3, prompt_tokens=300, max_tokens=2),
+        long_prompts(6, 3, prompt_tokens=300, max_tokens=2),
         configs=configs,
         isolated=True,
     )

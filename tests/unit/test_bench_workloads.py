@@ -8,13 +8,13 @@ import pytest
 
 from taogate.bench.diagnose import salted
 from taogate.bench.scenarios import fleet_capacity, fleet_configs, instance_capacity, pooled_config
-from taogate.bench.workloads import article, from_file, mixed, shared_prefix, single
+from taogate.bench.workloads import from_file, long_prompts, mixed, shared_prefix, single
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.tokenizer import Tokenizer
 
 
 def test_article_prompts_are_about_4096_tokens_with_unique_suffixes() -> None:
-    w = article()
+    w = long_prompts()
     assert len(w.requests) == 64 and w.concurrency == 16
     assert {r.max_tokens for r in w.requests} == {16}
     assert len({r.prompt for r in w.requests}) == 64
@@ -56,7 +56,7 @@ def test_from_file_accepts_strings_and_objects(tmp_path: Path) -> None:
 
 
 def test_salted_prefixes_every_prompt() -> None:
-    w = salted(article(3), "Run B.")
+    w = salted(long_prompts(3), "Run B.")
     assert all(r.prompt.startswith("Run B. ") for r in w.requests)
     s = salted(shared_prefix(3), "Run B.")
     assert all(r.system and r.system.startswith("Run B. ") for r in s.requests)

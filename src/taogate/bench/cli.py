@@ -37,7 +37,9 @@ from taogate.emulator.config import EmulatorConfig
 
 __all__ = ["bench", "demo", "diagnose"]
 
-WORKLOADS = ("article", "single", "mixed", "shared-prefix", "file")
+WORKLOADS = ("long-prompts", "single", "mixed", "shared-prefix", "file")
+#: Old name of ``long-prompts``, still accepted so existing scripts keep working.
+_OLD_NAMES = {"article": "long-prompts"}
 EMULATED_MODEL = EmulatorConfig().model
 #: Mixed traffic is offered at this fraction of the emulated fleet's prefill capacity by default.
 MIXED_LOAD = 0.7
@@ -46,7 +48,7 @@ SettingsOpt = Annotated[Path | None, typer.Option("--settings", help="Client pro
 BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="Gateway base URL (overrides profile).")]
 KeyOpt = Annotated[str | None, typer.Option("--key", help="API key (default: profile, $TAOTOKEN_API_KEY).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name (default: profile).")]
-WorkloadOpt = Annotated[str, typer.Option("--workload", help="article|single|mixed|shared-prefix|file.")]
+WorkloadOpt = Annotated[str, typer.Option("--workload", help="long-prompts|single|mixed|shared-prefix|file.")]
 RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests per run (workload default).")]
 ConcOpt = Annotated[int, typer.Option("--concurrency", help="Requests in flight at once.")]
 PromptOpt = Annotated[int, typer.Option("--prompt-tokens", help="Approximate prompt size in tokens.")]
@@ -146,8 +148,9 @@ def build_workload(
     capacity: float | None = None,
 ) -> workloads.Workload:
     """The workload named by ``--workload`` with the size flags applied."""
-    if kind == "article":
-        return workloads.article(requests or 64, concurrency, prompt_tokens, max_tokens)
+    kind = _OLD_NAMES.get(kind, kind)
+    if kind == "long-prompts":
+        return workloads.long_prompts(requests or 64, concurrency, prompt_tokens, max_tokens)
     if kind == "single":
         return workloads.single(prompt_tokens, max_tokens)
     if kind == "mixed":
@@ -241,7 +244,7 @@ def bench(
     base_url: BaseUrlOpt = None,
     key: KeyOpt = None,
     model: ModelOpt = None,
-    workload: WorkloadOpt = "article",
+    workload: WorkloadOpt = "long-prompts",
     requests: RequestsOpt = None,
     concurrency: ConcOpt = 16,
     prompt_tokens: PromptOpt = 4096,
@@ -250,7 +253,9 @@ def bench(
     file: FileOpt = None,
     json_out: JsonOpt = None,
     plot: PlotOpt = None,
-    compare: Annotated[bool, typer.Option("--compare", help="The article's table 4.3 in one run.")] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Every configuration side by side on the same workload.")
+    ] = False,
     emulate: EmulateOpt = False,
     instances: InstancesOpt = 4,
     slow: SlowOpt = None,
@@ -260,7 +265,8 @@ def bench(
     max_requests: MaxReqOpt = 1000,
     max_seconds: MaxSecOpt = 600.0,
 ) -> None:
-    """Load the gateway the article's way (streaming, so TTFT is real) and report; --compare for 4.3."""
+    """Load the gateway (streaming, so TTFT is real) and report; --compare runs direct round robin,
+    the gateway's strategies and (emulated) the pooled bound side by side."""
     console = make_console()
     ep = resolve_endpoint(settings, base_url, key, model, instance, emulate=emulate)
     configs = emulated_configs(instances, slow, prefix_caching) if emulate else None
@@ -311,7 +317,7 @@ def diagnose(
     settings: SettingsOpt = None,
     key: KeyOpt = None,
     model: ModelOpt = None,
-    workload: WorkloadOpt = "article",
+    workload: WorkloadOpt = "long-prompts",
     requests: RequestsOpt = None,
     concurrency: ConcOpt = 16,
     prompt_tokens: PromptOpt = 4096,
@@ -332,8 +338,9 @@ def diagnose(
     max_requests: MaxReqOpt = 1000,
     max_seconds: MaxSecOpt = 300.0,
 ) -> None:
-    """The article's bisection: same load at --queue-cap and at --cap; exit 0 balanced, 1 dispatch,
-    2 slow instance (or inside vLLM), 3 could not run."""
+    """The queue-cap bisection: the same load at --queue-cap, then with max_queue_per_instance lowered
+    to --cap; if max latency drops, the cause is dispatch. Exit 0 balanced, 1 dispatch, 2 slow
+    instance (or inside vLLM), 3 could not run."""
     console = make_console()
     ep = resolve_endpoint(settings, None, key, model, instance, emulate=emulate)
     configs = emulated_configs(instances, slow, prefix_caching) if emulate else None
@@ -398,12 +405,13 @@ def demo(
     plot: Annotated[Path, typer.Option("--plot", help="Where to write the PNG plot.")] = Path(
         "taogate-demo.png"
     ),
-    requests: Annotated[int, typer.Option("--requests", help="Requests per run in the article's 4.2.")] = 64,
+    requests: Annotated[int, typer.Option("--requests", help="Long prompts in the 16-at-a-time check.")] = 64,
     hold: Annotated[
         float, typer.Option("--hold", help="Keep the fleet and gateway up this many seconds.")
     ] = 0.0,
 ) -> None:
-    """Emulated fleet (4 instances, one 2.5x slow) + gateway: 4.1, 4.2, bench --compare, diagnose, plot."""
+    """Emulated fleet (4 instances, one 2.5x slow) + gateway: one long prompt, 64 long prompts 16 at
+    a time, bench --compare, diagnose, plot."""
     from taogate.bench.demo import run_demo
 
     raise typer.Exit(asyncio.run(run_demo(make_console(), plot=plot, requests=requests, hold=hold)))

@@ -1,10 +1,11 @@
 """``taogate demo``: the whole story on an emulated fleet, on free loopback ports, in about a minute.
 
 1. Start 4 emulated vLLM instances (``i3`` 2.5x slower, prefix caching on) and a gateway (least_busy).
-2. The article's 4.1 and 4.2 through the gateway with the OpenAI SDK, as the article runs them.
-3. ``bench --compare`` (table 4.3): direct round robin, gateway round_robin and least_busy with prefix
-   caching off, least_busy + affinity with caching on, and the pooled bound (caching off).
-4. ``diagnose`` on the running fleet: the bisection and its verdict.
+2. Two checks through the gateway with the OpenAI SDK: one long prompt (elapsed ≈ TTFT), then 64
+   long prompts 16 at a time (the max/mean ≤ 2 rule).
+3. ``bench --compare``, side by side: direct round robin, gateway round_robin and least_busy with
+   prefix caching off, least_busy + affinity with caching on, and the pooled bound (caching off).
+4. ``diagnose`` on the running fleet: the queue-cap bisection and its verdict.
 5. The plot, and how to point an OpenAI client at the gateway.
 """
 
@@ -26,7 +27,7 @@ from taogate.bench.diagnose import diagnose
 from taogate.bench.render import plot_runs, print_outcomes, render_diagnosis
 from taogate.bench.report import IMBALANCE_RATIO, Distribution
 from taogate.bench.scenarios import POOLED, Scenario, fleet_configs, gateway_settings
-from taogate.bench.workloads import article, filler
+from taogate.bench.workloads import filler, long_prompts
 
 __all__ = ["DEMO_SCENARIOS", "run_demo"]
 
@@ -57,14 +58,14 @@ async def _timed(client: openai.AsyncOpenAI, model: str, prompt: str) -> tuple[f
     return time.perf_counter() - start, raw.status_code, raw.headers.get("x-taogate-instance"), prompt_tokens
 
 
-async def article_checks(console: Console, api_base: str, key: str, model: str, requests: int) -> None:
-    """4.1 (one long prompt, elapsed ≈ TTFT) and 4.2 (``requests`` at 16 concurrent) via the SDK."""
+async def sdk_checks(console: Console, api_base: str, key: str, model: str, requests: int) -> None:
+    """One long prompt (elapsed ≈ TTFT), then ``requests`` long prompts 16 at a time, via the SDK."""
     client = openai.AsyncOpenAI(base_url=api_base, api_key=key, max_retries=0, timeout=120)
     try:
         body = filler(4096)
         elapsed, status, inst, tokens = await _timed(client, model, body)
         console.print(
-            f"[bold]4.1[/bold] one {tokens:,}-token prompt, max_tokens 16: {elapsed:.3f} s (≈ TTFT), "
+            f"[bold]one long prompt[/bold] of {tokens:,} tokens, max_tokens 16: {elapsed:.3f} s (≈ TTFT), "
             f"status {status}, served by {inst}"
         )
         slots = asyncio.Semaphore(16)
@@ -82,9 +83,9 @@ async def article_checks(console: Console, api_base: str, key: str, model: str, 
     rule = "over" if lat.max_over_mean > IMBALANCE_RATIO else "within"
     per = Counter(r[2] for r in results)
     console.print(
-        f"[bold]4.2[/bold] {requests} requests, 16 at a time: mean {lat.mean:.2f} s, max {lat.max:.2f} s, "
-        f"min {lat.min:.2f} s, max/mean {lat.max_over_mean:.2f} ({rule} the article's "
-        f"{IMBALANCE_RATIO:g}x rule), {sum(r[3] for r in results) / wall:,.0f} prompt tokens/s, "
+        f"[bold]{requests} long prompts, 16 at a time[/bold]: mean {lat.mean:.2f} s, max {lat.max:.2f} s, "
+        f"min {lat.min:.2f} s, max/mean {lat.max_over_mean:.2f} ({rule} the max/mean ≤ "
+        f"{IMBALANCE_RATIO:g} rule), {sum(r[3] for r in results) / wall:,.0f} prompt tokens/s, "
         f"statuses {dict(Counter(r[1] for r in results))}"
     )
     console.print("    served per instance: " + ", ".join(f"{k} {v}" for k, v in sorted(per.items())))
@@ -126,22 +127,24 @@ async def run_demo(console: Console, *, plot: Path, requests: int = 64, hold: fl
                 f"i{SLOW_INDEX} is {SLOW_FACTOR}x slower; prefix caching on"
             )
             console.print(f"gateway: {served.url} (least_busy, prefix affinity, max_queue_per_instance 32)")
-            console.rule("the article's checks (4.1, 4.2) through the gateway, OpenAI SDK")
-            await article_checks(console, served.url + "/v1", key, model, requests)
+            console.rule("one long prompt, then long prompts 16 at a time, through the gateway (OpenAI SDK)")
+            await sdk_checks(console, served.url + "/v1", key, model, requests)
 
-            console.rule("bench --compare (the article's table 4.3, 48 requests of ~4,096 tokens each)")
+            console.rule("bench --compare: every configuration side by side, 48 prompts of ~4,096 tokens")
             outcomes = await run_compare(
-                article(48, 16), console=console, configs=configs, scenarios=DEMO_SCENARIOS, pooled=False
+                long_prompts(48, 16), console=console, configs=configs, scenarios=DEMO_SCENARIOS, pooled=False
             )
-            print_outcomes(console, outcomes, "article load, each row on a fresh emulated fleet")
+            print_outcomes(
+                console, outcomes, "long prompts, 16 at a time, each row on a fresh emulated fleet"
+            )
 
-            console.rule("diagnose (the article's bisection: max_queue_per_instance 32 vs 8)")
-            result = await diagnose(fleet.urls, article(32, 16), model=model, strategy="least_busy")
+            console.rule(
+                "diagnose: the same load at max_queue_per_instance 32 and 8 (dispatch or slow card?)"
+            )
+            result = await diagnose(fleet.urls, long_prompts(32, 16), model=model, strategy="least_busy")
             render_diagnosis(console, result)
 
-            plot_runs(
-                plot, [o.run for o in outcomes], title="taogate demo: the article's load, per configuration"
-            )
+            plot_runs(plot, [o.run for o in outcomes], title="taogate demo: long prompts, per configuration")
             console.rule("plot and client")
             console.print(
                 f"wrote {plot}: top, each configuration's latency CDF; below, one panel per configuration "

@@ -4,8 +4,9 @@ Prompt sizes are approximate on purpose: a real fleet's tokenizer is unknown her
 below is 10 tokens under the emulator's rule (words and punctuation) and 45 characters (~11 tokens at
 the usual ~4 characters per token), so "N tokens" means "N // 10 sentences" on both. Builders:
 
-- ``single``: the article's 4.1, one ~4,096-token prompt (a sentence repeated ~400 times).
-- ``article``: 4.2, 64 such prompts, 16 at a time, ``max_tokens`` 16, each with a unique
+- ``single``: one ~4,096-token prompt (a sentence repeated ~400 times); with a small ``max_tokens``
+  its latency approximates TTFT.
+- ``long_prompts``: 64 such prompts, 16 at a time, ``max_tokens`` 16, each with a unique
   "request number i" suffix (the shared body is what prefix caching can reuse).
 - ``mixed``: 80% ~200-token / 20% ~8,000-token prompts, Poisson arrivals at ``rate`` requests/s; every
   prompt starts with its own number so no two share a cacheable prefix.
@@ -27,9 +28,9 @@ __all__ = [
     "SENTENCE",
     "RequestSpec",
     "Workload",
-    "article",
     "filler",
     "from_file",
+    "long_prompts",
     "mixed",
     "mixed_mean_tokens",
     "shared_prefix",
@@ -78,26 +79,28 @@ class Workload:
 
 
 def filler(tokens: int, sentence: str = SENTENCE) -> str:
-    """About ``tokens`` tokens of text: the sentence repeated (the article's "repeated 400 times")."""
+    """About ``tokens`` tokens of text: the sentence repeated (~400 times for 4,096 tokens)."""
     return " ".join([sentence] * max(1, round(tokens / _SENTENCE_TOKENS)))
 
 
 def single(prompt_tokens: int = 4096, max_tokens: int = 16) -> Workload:
-    """4.1: one long prompt; its latency approximates TTFT when ``max_tokens`` is small."""
+    """One long prompt; its latency approximates TTFT when ``max_tokens`` is small."""
     spec = RequestSpec(0, filler(prompt_tokens), max_tokens, group="single", approx_tokens=prompt_tokens)
     return Workload("single", (spec,), 1)
 
 
-def article(
+def long_prompts(
     requests: int = 64, concurrency: int = 16, prompt_tokens: int = 4096, max_tokens: int = 16
 ) -> Workload:
-    """4.2: ``requests`` long prompts, ``concurrency`` at a time, each with a unique suffix."""
+    """``requests`` long prompts, ``concurrency`` at a time, each with a unique suffix."""
     body = filler(prompt_tokens)
     specs = tuple(
-        RequestSpec(i, f"{body} request number {i}", max_tokens, group="article", approx_tokens=prompt_tokens)
+        RequestSpec(
+            i, f"{body} request number {i}", max_tokens, group="long-prompts", approx_tokens=prompt_tokens
+        )
         for i in range(requests)
     )
-    return Workload("article", specs, concurrency)
+    return Workload("long-prompts", specs, concurrency)
 
 
 def mixed_mean_tokens(short_tokens: int = 200, long_tokens: int = 8000, long_fraction: float = 0.2) -> float:
