@@ -1,5 +1,5 @@
 # taogate: two commands on a fresh machine.
-#   make demo   emulated vLLM fleet + gateway + the article's checks (bench --compare, diagnose)
+#   make demo   emulated vLLM fleet + gateway: SDK checks, bench --compare, diagnose
 #   make check  lint, types, tests (what CI runs)
 #   make bench  the benchmarks that print the README's figures (minutes; not part of check)
 PYTHON ?= python3

@@ -1,7 +1,8 @@
-"""The article's verification as a tool: load generator, reports, comparisons and the bisection.
+"""Verifying a fleet as a tool: load generator, reports, side-by-side comparisons and the diagnosis.
 
 Modules, one concept each: ``workloads`` (what to send), ``runner`` (send it, streaming, one sample per
 request), ``report`` (pure math on samples), ``render`` (tables, JSON, plot), ``scenarios`` (the
-configurations compared, stood up on loopback), ``compare`` (table 4.3 in one run), ``diagnose`` (the
-bisection and its verdict), ``demo`` and ``cli`` (the commands).
+configurations compared, stood up on loopback), ``compare`` (all of them side by side in one run),
+``diagnose`` (the queue-cap bisection and its verdict), ``isolated`` and ``procs`` (servers in
+processes of their own), ``demo`` and ``cli`` (the commands).
 """

@@ -1,4 +1,4 @@
-"""``bench --compare``: the article's table 4.3 in one run, every configuration on the same workload.
+"""``bench --compare``: every configuration side by side in one run, on the same workload.
 
 Rows: the user's own gateway (when a base URL is given), then ``scenarios.COMPARE`` (direct round
 robin, then loopback gateways with round_robin, least_busy, least_busy + affinity), then the pooled

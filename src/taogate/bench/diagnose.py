@@ -1,34 +1,24 @@
-"""The article's bisection (section 6), automated: is it dispatch, one slow instance, or nothing?
+"""Is it dispatch, one slow instance, or nothing? The queue-cap bisection, automated.
 
-Procedure (``diagnose``):
+``diagnose``: (1) **probe** each instance alone, straight to its URL: one ~4,096-token prompt with a
+unique salt, ``max_tokens`` 1, twice; its prefill speed is ``prompt_tokens / TTFT`` of the faster try
+(nothing else runs, so queueing cannot make it look slow). (2) **Run A**: the load through a fresh
+loopback gateway with the configured strategy and cap. (3) **Run B**: the same load, new salt (no
+cache reuse), with ``max_queue_per_instance`` lowered to ``low_cap`` (8). (4) Evidence: per-instance
+completion times of both runs and each gateway's learned ``relative_speed``.
 
-1. **Probe** each instance alone, straight to its URL: one ~4,096-token prompt with a unique salt (no
-   prefix-cache hit), ``max_tokens`` 1, twice; its own prefill speed is ``prompt_tokens / TTFT`` of
-   the faster try. Nothing else is running, so queueing cannot make an instance look slow.
-2. **Run A**: the load through a fresh loopback gateway in front of the instances with the configured
-   strategy and ``max_queue_per_instance`` (``cap``).
-3. **Run B**: the same load (new salt, so run A's cache does not help) with the cap lowered to
-   ``low_cap`` (8 by default): the dispatcher must move requests away from any deep queue.
-4. Read per-instance completion times from both runs and each gateway's ``/admin/instances``
-   (its learned ``relative_speed``) as evidence.
+``decide`` (pure), first match wins:
 
-Decision rule (``decide``, pure), first match wins:
-
-- **dispatch** (exit 1): ``max latency(A) / max latency(B) >= drop`` (1.5: "drops a lot"). Lowering
-  the cap fixed it, so requests were piling up in one queue. A slow instance, if any, is named in the
-  evidence too (least_busy routes around it; round robin does not). Exception: when a probed-slow
-  instance already got well under its fair share of run A's requests (under 0.75x), dispatch is
-  routing around it and the verdict is the instance's (next rule). And only when the lowered cap
-  could bind at all: if run A never had more than ``low_cap`` requests on one instance, run B
-  dispatched the same way and any difference in max latency is noise.
-- **instance X is slow** (exit 2): lowering the cap did not help, and X's own probed prefill speed is
-  below ``slow`` (0.6) x the median speed of the fleet (when no probe could run, the gateway's learned
-  ``relative_speed`` from run A is used instead). Look inside X: AllReduce, host-device copies.
-- **balanced** (exit 0): neither of the above and run A's max/mean is within the article's 2x rule.
-- **inside** (exit 2): max/mean stays over 2x although the cap changed nothing and no single instance
-  is slow: the article's "look at AllReduce and data movement" inside vLLM (or prefix-cache hits vs
-  misses, when the hit rate is high: compare with caching off).
-- **error** (exit 3): a run produced no successful request, or there was nothing to probe.
+- **dispatch** (exit 1): ``max latency(A) / max latency(B) >= drop`` (1.5): the lower cap fixed it, so
+  requests piled up in one queue. Not when run A never had more than ``low_cap`` on one instance (the
+  cap could not bind: the difference is noise), nor when a probed-slow instance already got under
+  0.75x its fair share of run A (dispatch routes around it: the verdict is the instance's).
+- **slow** (exit 2): the lower cap did not help, and an instance's probed speed is below ``slow``
+  (0.6) x the fleet's median (without probes: the gateway's learned ``relative_speed``).
+- **balanced** (exit 0): run A's max/mean is within ``IMBALANCE_RATIO`` (2).
+- **inside** (exit 2): still over 2x with no slow instance and no help from the cap: look inside vLLM
+  (AllReduce, data movement; or hits against misses when the prefix-cache hit rate is high).
+- **error** (exit 3): a run had no successful request, or there was nothing to probe.
 """
 
 from __future__ import annotations
@@ -184,7 +174,7 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
     if a.max_over_mean <= IMBALANCE_RATIO:
         return Verdict(
             "balanced",
-            f"balanced: max/mean {a.max_over_mean:.2f} is within the article's {IMBALANCE_RATIO:g}x rule "
+            f"balanced: max/mean {a.max_over_mean:.2f} is within the max/mean <= {IMBALANCE_RATIO:g} rule "
             "and lowering the cap changed little",
             tuple(lines),
         )

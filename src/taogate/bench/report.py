@@ -1,4 +1,4 @@
-"""Pure math on samples: latency and TTFT percentiles, the article's max/mean rule, throughput, shares.
+"""Pure math on samples: latency and TTFT percentiles, the max/mean rule, throughput, shares.
 
 Everything here is a function of plain data (``Sample`` rows), so it is tested on fixed numbers.
 Percentiles interpolate linearly between closest ranks (numpy's default), so p50 of ``[1, 2, 3, 4]``
@@ -27,7 +27,8 @@ __all__ = [
     "summarize",
 ]
 
-#: The article's rule (4.2): max latency over twice the mean means fast/slow cards or uneven dispatch.
+#: Max latency over twice the mean means some instance queues longer than the others: fast and slow
+#: cards, or uneven dispatch.
 IMBALANCE_RATIO = 2.0
 
 
@@ -115,7 +116,7 @@ class Summary:
 
     @property
     def imbalanced(self) -> bool:
-        """The article's rule: max latency more than twice the mean."""
+        """Max latency more than ``IMBALANCE_RATIO`` times the mean."""
         return self.max_over_mean > IMBALANCE_RATIO
 
     @property

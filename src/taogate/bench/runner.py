@@ -5,7 +5,7 @@ not when the whole body has arrived. Usage (prompt, completion and cached tokens
 event (``stream_options.include_usage``); which instance served comes from ``x-taogate-instance``.
 
 With one ``Target`` every request goes there (the gateway). With several, requests go round robin
-over them, each with its own key: the article's "no unified channel" baseline.
+over them, each with its own key: the baseline without a gateway ("no unified channel").
 
 Bounded twice: at most ``max_requests`` are sent, and at ``max_seconds`` the run stops launching,
 cancels what is still in flight and records those as errors. Nothing here retries.

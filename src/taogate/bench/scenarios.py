@@ -1,6 +1,6 @@
 """What to compare, and the machinery to stand each configuration up on loopback.
 
-A ``Scenario`` is one row of the article's table 4.3:
+A ``Scenario`` is one row of the side-by-side comparison (``bench --compare``):
 
 - ``direct``: round robin straight to the instances, each with its own key ("no unified channel");
 - ``gateway``: an in-process taogate on 127.0.0.1 in front of the instances, with a given strategy,
