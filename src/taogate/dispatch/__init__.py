@@ -1,9 +1,10 @@
-"""Dispatch decisions: pure functions over plain data (see types.py).
+"""Dispatch decisions over plain data (``types``): no I/O, clocks injected, tested without a network.
 
 Modules, one concept each: ``tokens`` (prompt size and its per-model calibration), ``prefix`` (prefix
-keys), ``affinity`` (key → preferred instance), ``load`` (expected time to first token), ``speed``
-(learned prefill speed, slow-instance detection), ``policy`` (round robin, least busy) and
-``admission`` (send, wait or refuse).
+keys), ``affinity`` (key → preferred instance), ``load`` (expected time to first token and to the
+end), ``speed`` (learned prefill speed, fixed latency and decode pace), ``pending`` (a bound on speed
+from requests still without a first token), ``slow`` (slow-instance detection), ``policy`` (round
+robin, least busy) and ``admission`` (send, wait or refuse).
 """
 
 from .admission import decide, retry_after_seconds

@@ -83,7 +83,7 @@ def retry_after_seconds(
     queue ahead plus this request drains in about ``(queue_len + 1) / rate`` seconds. An unknown or
     zero rate (nothing completing, no healthy instance) gives ``unknown``, e.g. the health check
     interval. Never below ``minimum``: prefill retries are expensive and an immediate retry only
-    deepens the queues (the article's advice on backoff).
+    deepens the queues.
     """
     if drain_rate_per_s > 0 and math.isfinite(drain_rate_per_s):
         seconds = (max(0, queue_len) + 1) / drain_rate_per_s

@@ -1,6 +1,6 @@
 """The load estimate: expected seconds until a request's first token on one instance (and its end).
 
-Least-busy means least *work*: a 4,096-token prefill is not a 50-token one, and a slow instance drains
+Least busy means least *work*: a 4,096-token prefill is not a 50-token one, and a slow instance drains
 the same work more slowly. For a request expected to cost ``P`` prefill tokens on instance ``i``
 (``expected_prefill``: its prompt, less a prefix the instance is known to hold)::
 
@@ -12,47 +12,32 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
     batch   = 1 + n_i / decode_batch_ref                       # sequences sharing each step
     end_i   = ttft_i + min(max_tokens, decode_horizon) * tpot_i * batch   # expected_latency
 
-* ``base_i`` is the instance's fixed latency (an engine step, HTTP): small, but 2.5× larger on a 2.5×
-  slow card, and the only sign of it when every prompt is a prefix-cache hit.
-* ``prefill_tokens_i`` books our requests' whole prompts (see ``policy``: booking only the uncached
-  part let one warm instance take a whole cached burst); ``P`` alone is net of a known warm prefix.
-  ``uncached_i`` is the share of the instance's recent prompt tokens its prefix cache did not cover
-  (``SpeedEstimator.uncached_ratio``, 1 until responses say otherwise). ``speed_i`` is learned per
-  *uncached* token (the estimator discounts the work booked ahead the same way), so the booked queue
-  is discounted to match: undiscounted, an instance whose prompts all hit the cache looked as busy as
-  one prefilling every token, and on the article's cached load a 2.5× slow card drew requests that
-  took it 3× longer than a warm fast one (measured).
-* ``tpot_i`` (learned seconds per output token) makes the decode part count: when prefill is cheap
-  (cache hits, short prompts) the request's latency is its decode, and a slow card decodes slowly
-  too. Only the first ``decode_horizon`` tokens are counted: ``max_tokens`` is a limit, not a
-  forecast, and the term is there to rank instances, not to predict long generations.
-* ``batch`` (``batch_factor``): every engine step carries one token of each sequence it runs, so a
-  step takes longer the more share it; ``n_i`` is our requests there, or what its engine reports
-  running and waiting if more. ``decode_batch_ref`` (64) is modest on purpose (the emulator's step
-  doubles at ~38 sequences, a large model's at more); it is what spreads a burst of cache hits or
-  tiny prompts, which cost no queued prefill, evenly instead of by the noise between learned speeds.
+* ``base_i``: the fixed latency (an engine step, HTTP); when every prompt is a prefix-cache hit, the
+  only sign of a slow card.
+* ``prefill_tokens_i`` / ``prefilling_i``: our requests there with no first token yet (tokens, count),
+  so a burst within one scrape interval sees itself at once. They book whole prompts (see
+  ``policy``); ``speed_i`` is learned per *uncached* token, so the booking is discounted by
+  ``uncached_i`` (``SpeedEstimator.uncached_ratio``): undiscounted, an instance whose prompts all hit
+  the cache looked as busy as one prefilling every token, and the slow card drew the work (measured:
+  benchmarks/dispatch.py).
+* ``engine.waiting`` counts every request queued in vLLM, ours included; less ours without a first
+  token, the rest are foreign, each ``typical`` tokens. Some of ours already run, so this undercounts:
+  it never makes an instance look busier because of us.
+* ``running_i = max(engine.running, our decoding)`` (the scrape may be a second old): each running
+  sequence takes a token of every step's budget (``step_tokens``, vLLM's ``max_num_batched_tokens``);
+  kept modest, as the learned speed already absorbs a typical decode load. Near-full KV cache makes
+  vLLM preempt and re-prefill, hence the quadratic penalty above ``kv_threshold``.
+* ``tpot_i`` (learned seconds per output token): when prefill is cheap the latency is the decode, and
+  a slow card decodes slowly too. Only ``decode_horizon`` tokens count: ``max_tokens`` is a limit, not
+  a forecast. ``batch`` (``n_i``: our requests there, or the engine's running + waiting if more) is
+  what spreads a burst of cache hits or tiny prompts evenly; ``decode_batch_ref`` is modest on purpose
+  (the emulator's step doubles at ~38 sequences, a large model's at more).
+* ``engine`` is ``None`` when never scraped or too stale: our own counts alone, exact for one gateway.
 
-* ``prefill_tokens_i`` and ``prefilling_i`` are our own requests with no first token yet (tokens and
-  count). They cover the gap between scrapes: a burst dispatched within one scrape interval sees
-  itself at once.
-* ``engine.waiting`` counts every request queued in vLLM, ours included; subtracting our not-yet-first-
-  token requests leaves (at least) the foreign ones, each assumed ``typical`` tokens long. Some of ours
-  are already running rather than waiting, so the subtraction undercounts foreign work: conservative,
-  it never makes an instance look busier than it is because of us.
-* ``running_i`` is ``max(engine.running, our decoding)``: the scrape may be a second old. Each running
-  sequence takes one token of each engine step's budget (``step_tokens``, vLLM's
-  ``max_num_batched_tokens``), so prefill runs a little slower; the term stays modest on purpose,
-  since the learned ``speed`` already absorbs a typical decode load.
-* Near-full KV cache means vLLM preempts and re-prefills sequences; above ``kv_threshold`` the penalty
-  grows quadratically, to ``1 + kv_penalty`` times at 100 %.
-* ``engine`` is ``None`` when never scraped or too stale (the gateway decides): then our own counts
-  alone, which are exact for single-gateway deployments.
-
-Pure arithmetic over an ``InstanceView``. The policy calls ``estimate`` (TTFT and latency in one
-pass, for every candidate of every request); the small functions below it spell the same formula out
-term by term, and a property test holds the two equal. ``estimate`` is written flat on purpose:
-per-term calls and ``max``/``min`` built-ins made dispatch the costliest step of a proxied request
-(measured with benchmarks/overhead.py).
+``estimate`` computes it all in one flat pass, for every candidate of every request: per-term calls
+and ``max``/``min`` built-ins made dispatch the costliest step of a proxied request (measured:
+benchmarks/overhead.py). The small functions below spell the formula out term by term; a property
+test holds the two equal.
 """
 
 from __future__ import annotations

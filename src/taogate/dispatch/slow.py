@@ -1,7 +1,9 @@
 """The slow-instance detector: which instances' learned prefill speed stays well below the fleet's.
 
-The article's "slow card" made visible (issue 6): ``Fleet.update_slow`` runs ``slow_instances`` over
-``SpeedEstimator.snapshot()`` and the gateway logs, exports and shows the result.
+A slow card (thermal throttling, a bad link, a noisy neighbour) made visible: ``Fleet.update_slow``
+runs ``slow_instances`` over ``SpeedEstimator.snapshot()`` after each probe and scrape round;
+``control.events.FleetEvents.check_slow`` logs and counts each change, ``taogate_instance_slow`` and
+``taogate status`` show it.
 """
 
 from __future__ import annotations

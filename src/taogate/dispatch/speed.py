@@ -1,42 +1,34 @@
 """Each instance's prefill speed (prompt tokens/s), learned online (``slow`` flags the slow cards from it).
 
-The article's fleet had fast and slow cards. Dividing load by a measured speed lets a 2.5× slow
-instance receive proportionally less work without anyone configuring it; flagging it tells the
-operator (issue 6).
+Dividing load by a learned speed gives a 2.5× slow instance proportionally less work without anyone
+configuring it.
 
 **Samples.** A streamed request whose first token came ``ttft`` seconds after dispatch, with
-``ahead_tokens`` of our own prefill queued ahead of it there (the whole prompts the gateway booked
-for those requests) and ``uncached_tokens`` of its own
-prompt to prefill (prompt minus ``usage.prompt_tokens_details.cached_tokens``), shows the instance got
-through ``work = ahead + uncached`` tokens in ``ttft`` seconds. A non-streamed request only shows its
-total duration: its decode time (``completion_tokens`` × the instance's learned seconds per output
-token) is taken off first, and the sample is dropped when decoding dominates, since the rest would be
-mostly noise.
+``ahead_tokens`` of our prefill booked ahead of it there and ``uncached_tokens`` of its own prompt to
+prefill (prompt minus ``usage.prompt_tokens_details.cached_tokens``), shows the instance did
+``work = ahead + uncached`` tokens in ``ttft``. A non-streamed request shows only its duration: its
+decode (``completion_tokens`` × the learned seconds per output token) is taken off first, and the
+sample is dropped when decoding dominates.
 
-**Fixed latency.** ``ttft ≈ base + work / speed``: every request pays a fixed part whatever its size
-(vLLM: at least one engine step, i.e. scheduling, a forward pass and sampling, plus HTTP and
-detokenization; the emulator: one 12 ms step overhead × slowdown). Learning ``work / ttft`` therefore
-makes an instance that gets only short prompts look slow (a 40-token prompt reads as ~2k tokens/s on
-a 40k tokens/s card). So each instance learns its ``base`` (an EWMA of the TTFT of samples whose work
-is below ``small_tokens``: mostly fixed part, on real vLLM as in the emulator) and its speed only from
-samples with at least ``small_tokens`` of work, as ``work / (ttft - base)``. An instance that only ever
-sees small work keeps the fleet's median speed (no evidence either way) while its ``base`` still
-shows a slow card (2.5× the step time), which dispatch adds to the cost.
+**Fixed latency.** ``ttft ≈ base + work / speed``: every request pays a fixed part (vLLM: at least
+one engine step plus HTTP; the emulator: its step overhead × slowdown), so ``work / ttft`` would make
+an instance that gets only short prompts look slow. Each instance learns ``base`` (an EWMA of the TTFT
+of samples under ``small_tokens`` of work) and its speed only from larger samples, as
+``work / (ttft - base)``. One that only ever sees small work keeps the fleet's median speed, while its
+``base`` still shows a slow card, which dispatch adds to the cost.
 
 **Fit.** An exponentially weighted mean of ``log(speed)`` (ratios are multiplicative: a 2× fast and a
-2× slow outlier should pull equally). Each sample's weight grows with the work it covers (a 20-token
-request's TTFT is mostly fixed overhead, not prefill), the first samples are trusted more (a weighted
-running mean until the EWMA takes over, so the seed is soon forgotten), and once warm a sample is
-clamped to within ``clamp``× of the current estimate so one stalled request cannot halve it.
-With ``alpha = 0.3`` a 2.5× slow instance is within
-10 % of its true speed after about 6–7 full-size requests.
+2× slow outlier pull equally). A sample weighs by the work it covers (a 20-token request's TTFT is
+mostly fixed overhead), the first samples count more (a weighted running mean until the EWMA takes
+over, so the seed is soon forgotten), and once warm a sample is clamped to within ``clamp``× of the
+estimate so one stalled request cannot halve it. With the default ``alpha`` a 2.5× slow card is
+learned within a few full-size requests (a unit test holds it).
 
-**Seed.** ``weight`` × ``nominal`` until the first sample anywhere, then ``weight`` × the fleet's learned
-median per unit weight for every instance still without samples (see ``_refresh``), so an instance that
-has not answered yet, or was added later, starts at the fleet's scale.
+**Seed.** ``weight`` × ``nominal`` until the first sample anywhere, then ``weight`` × the fleet's
+learned median per unit weight (``_refresh``): a newcomer starts at the fleet's scale.
 
-**Cap.** A learned speed is capped at ``fast_cap`` (2×) the others' median per unit weight: a card
-whose prompts hit the prefix cache *looks* fast, and an uncapped estimate would feed on itself.
+**Cap.** At most ``fast_cap`` × the others' median per unit weight: a card whose prompts hit the
+prefix cache *looks* fast, and an uncapped estimate would feed on itself.
 """
 
 from __future__ import annotations
@@ -123,9 +115,10 @@ class SpeedEstimator:
         self._params: dict[str, tuple[float, float, float]] = {}
         self._stale = False
         # Dispatch's read (``params``) rebuilds at most once per ``rebuild_every`` seconds of
-        # ``clock`` (0: on every read after a change): at thousands of responses a second, a few
-        # milliseconds of lag in a learned speed is nothing, a rebuild per response is ~15 µs. Every
-        # other read, and a new or removed instance, rebuilds at once.
+        # ``clock`` (0: on every read after a change): a few milliseconds of lag in a learned speed
+        # changes no decision, while a rebuild per response at high rates cost more than the rest of
+        # the learning (measured: benchmarks/overhead.py). Every other read, and a new or removed
+        # instance, rebuilds at once.
         self._rebuild_every = max(0.0, rebuild_every)
         self._clock = clock
         self._built = -math.inf
@@ -239,9 +232,9 @@ class SpeedEstimator:
         ``ahead_tokens`` is what the gateway booked for the requests ahead at dispatch: their whole
         prompts. On an instance whose prompts mostly hit the cache, most of that was never
         prefilled; scaling it by the instance's recent uncached share keeps the learned speed the
-        card's real prefill speed, so cache hits do not pass for a fast card (the article's mistake
-        (d)), and ``_sample`` trusts a sample by the share of its work that was measured (its own
-        uncached tokens) rather than estimated (the discounted work ahead).
+        card's real prefill speed, so cache hits do not pass for a fast card, and ``_sample`` trusts
+        a sample by the share of its work that was measured (its own uncached tokens) rather than
+        estimated (the discounted work ahead).
         """
         if prompt is not None and prompt > 0:
             ratio = min(1.0, max(0.01, uncached / prompt))

@@ -1,21 +1,16 @@
 """Prompt size from an OpenAI request body, without the model's tokenizer.
 
-Dispatch needs the size of a prompt before it is sent, to weigh prefill work; the exact count is only
-known afterwards, from the ``usage.prompt_tokens`` vLLM returns. So this module does two things:
+Dispatch must weigh a prompt before it is sent; the exact count only comes back afterwards, in
+``usage.prompt_tokens``. So ``measure(route, body)`` counts what the model will see as features
+(``PromptSize``: ASCII, CJK and other characters, chat messages, non-text parts, tokens known
+exactly), and ``TokenEstimator`` turns them into tokens with one linear rule per model, calibrated
+online from ``usage.prompt_tokens``.
 
-* ``measure(route, body)`` walks the already-parsed body and counts what the model will see as a few
-  features (``PromptSize``): ASCII characters, CJK characters, other non-ASCII characters, chat messages,
-  non-text parts (images, audio, files), and tokens known exactly (explicit token-id prompts, or an
-  exact tokenizer's count).
-* ``TokenEstimator`` turns those features into tokens with one linear rule per model and calibrates the
-  rule online from ``usage.prompt_tokens``.
-
-Why several character classes and not one chars-per-token ratio: English runs about 4 characters per
-token while Chinese or Japanese runs 1–1.5 characters per token, so a single ratio fitted on mixed
-traffic is wrong for both. A linear rule over the classes is right for both once fitted, and a
-recursive least-squares fit (a Bayesian linear regression whose prior is the configured guess) gets
-there in a handful of observations: it learns each coefficient as soon as traffic exercises it, keeps
-the prior where traffic has not, and a clamped innovation keeps one odd response from dragging it.
+Several character classes, not one chars-per-token ratio: English runs about 4 characters per token,
+Chinese or Japanese 1–1.5, so one ratio fitted on mixed traffic is wrong for both. The fit is
+recursive least squares with the configured guess as its prior: each coefficient is learned as soon
+as traffic exercises it, the prior holds where traffic has not, and a clamped innovation keeps one
+odd response from dragging it.
 """
 
 from __future__ import annotations

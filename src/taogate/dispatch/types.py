@@ -5,8 +5,8 @@ request into ``RequestFacts``; every decision (which instance, wait, refuse) is 
 those, so it is unit- and property-tested without a network.
 
 The per-request records are built fresh for every decision and never changed after; they are not
-``frozen`` only because a frozen dataclass sets each field through ``object.__setattr__``: 6.3 µs
-against 2.3 µs for a 15-field view, four views and a facts record per request (measured).
+``frozen`` only because a frozen dataclass sets each field through ``object.__setattr__``, which
+made a view cost nearly three times as much to build (measured: benchmarks/overhead.py).
 """
 
 from __future__ import annotations
