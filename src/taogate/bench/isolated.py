@@ -2,8 +2,7 @@
 
 In one process, the gateway's and the load generator's CPU delays the emulated engines' step timers:
 the "GPU" then slows down when the gateway works, which no real GPU does, and the rows that carry a
-gateway are measured on slower engines than the pooled bound (measured on the dispatch benchmark's
-mixed load: event-loop lag p99 ~13 ms, spikes to 0.1-0.7 s, with the process at ~50 % of a core).
+gateway are measured on slower engines than the pooled bound (measured: benchmarks/dispatch.py).
 Here each server runs in a child Python process on 127.0.0.1, started from a pickled description,
 and says ``ready URL`` on stdout once listening; the parent reads emulator stats over HTTP.
 

@@ -6,7 +6,7 @@ those, so it is unit- and property-tested without a network.
 
 The per-request records are built fresh for every decision and never changed after; they are not
 ``frozen`` only because a frozen dataclass sets each field through ``object.__setattr__``, which
-made a view cost nearly three times as much to build (measured: benchmarks/overhead.py).
+made building a view far costlier (measured: benchmarks/overhead.py).
 """
 
 from __future__ import annotations

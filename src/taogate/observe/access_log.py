@@ -76,8 +76,9 @@ def _text(value: object) -> str:
 
 def _text_line(rec: RequestRecord) -> str:
     """The text line: the fields of ``_FIELDS`` in order, those that are None left out. Spelled out
-    field by field (a loop of getattr and checks cost 12 µs a line, measured); a test holds it to
-    ``_FIELDS``. The request id is already a safe token (intake.request_id), the route one of ours."""
+    field by field, as a loop of getattr and checks cost several times as much (measured:
+    benchmarks/overhead.py); a test holds it to ``_FIELDS``. The request id is already a safe token
+    (``proxy.intake.request_id``), the route one of ours."""
     parts = [f"request_id={rec.request_id}", f"route={rec.route}"]
     if rec.model is not None:
         parts.append(f"model={_text(rec.model)}")
@@ -108,7 +109,7 @@ class AccessLog:
     """Formats and writes the line, at INFO on the ``taogate.access`` logger.
 
     ``sink``, when given, writes the formatted line instead of a logging record (``taogate serve``
-    passes its access handler's ``write_info``: same text, a third of the cost); the logger's level
+    passes its access handler's ``write_info``: the same text, much cheaper); the logger's level
     still decides whether a line is written at all."""
 
     def __init__(self, fmt: Literal["text", "json"], sink: Callable[[str], None] | None = None) -> None:

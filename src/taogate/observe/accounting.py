@@ -21,9 +21,9 @@ from taogate.observe.metrics import GatewayMetrics
 from taogate.proxy.usage import usage_counts
 
 #: The token estimate converges within a few dozen observations per model; past that, a model's
-#: estimate learns from at most one response per this many seconds (its least-squares update, ~100 µs,
-#: is the costliest step after a response: at 1,500 requests/s, one in eight still cost ~12 µs per
-#: request, measured with benchmarks/overhead.py). Slow traffic still calibrates from every response.
+#: estimate learns from at most one response per this many seconds: its least-squares update is the
+#: costliest step after a response (measured: benchmarks/overhead.py). Slow traffic still calibrates
+#: from every response.
 CALIBRATE_WARMUP = 64
 CALIBRATE_INTERVAL = 0.05
 

@@ -31,8 +31,9 @@ ACCESS_LOGGER = "taogate.access"
 
 class SecondCachedFormatter(logging.Formatter):
     """``logging.Formatter`` with the default time format, formatting each second's date and time
-    once instead of once per line (``time.localtime`` and ``strftime`` were a fifth of an access
-    line's cost, measured). The output is the standard one: ``2026-11-30 21:55:49,123``."""
+    once instead of once per line (``time.localtime`` and ``strftime`` were a good part of an access
+    line's cost; measured: benchmarks/overhead.py). The output is the standard one:
+    ``2026-11-30 21:55:49,123``."""
 
     def __init__(self, fmt: str) -> None:
         super().__init__(fmt)
@@ -58,8 +59,8 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The per-request access lines, written into a 64 KiB buffer of their own and flushed every
     ``ACCESS_FLUSH_S`` by the server (and at exit), not one write(2) per line: sys.stderr is
     line-buffered, and a syscall per request was a large part of the access log's cost (measured:
-    benchmarks/overhead.py, "access-log line cost"). Whole lines only reach the fd, so they never
-    interleave with the other log lines on stderr."""
+    benchmarks/overhead.py). Whole lines only reach the fd, so they never interleave with the other
+    log lines on stderr."""
 
     def __init__(self) -> None:
         try:
@@ -75,8 +76,8 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         """One INFO line of logger ``name``, the text ``LOG_FORMAT`` gives, without a LogRecord.
 
         The gateway's access log writes through this when ``taogate serve`` runs it: building and
-        handling a record cost two thirds of an access line (measured: emit 15 µs against 5 µs
-        here). Only the access logger writes to this handler's stream, from the event loop."""
+        handling a record was most of an access line's cost (measured: benchmarks/overhead.py).
+        Only the access logger writes to this handler's stream, from the event loop."""
         formatter = self.formatter
         assert isinstance(formatter, SecondCachedFormatter), "setup_logging sets the formatter"
         with contextlib.suppress(OSError, ValueError):
