@@ -3,10 +3,10 @@
 Sources, strongest first: explicit overrides (CLI flags) > environment (``TAOGATE_<SECTION>__<KEY>``,
 e.g. ``TAOGATE_DISPATCH__STRATEGY=round_robin``) > the TOML file > defaults. When ``config.toml``
 declares no ``[[instances]]``, the instance list comes from ``settings.json``'s ``vllm.instances`` (the
-article's client profile), looked up next to the TOML file or given explicitly.
+client profile), looked up next to the TOML file or given explicitly.
 
-Every validator names the offending key and the accepted values, because the article's troubleshooting
-list is mostly spelling and URL mistakes (``strategy``, a ``base_url`` with ``?utm_…``).
+Every validator names the offending key and the accepted values, because most configuration trouble
+is spelling and URL mistakes (``strategy``, a ``base_url`` with ``?utm_…``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from taogate.dispatch.types import STRATEGIES, Role, Strategy
 log = logging.getLogger("taogate.settings")
 
 
-#: Read timeouts below this make long prefills time out and retry, which deepens queues (article, §5).
+#: Read timeouts below this make long prefills time out and retry, which deepens queues.
 MIN_SAFE_READ_TIMEOUT = 30.0
 
 

@@ -2,8 +2,8 @@
 anything, so dispatch knows its speed from the first real request.
 
 Without it, a fleet's first burst is dispatched knowing nothing, and a slow card takes its share of
-that burst before its first answer comes back. The probe costs one prefill of ``warmup_tokens``
-per instance (a unique prompt, so nothing is cached) and a one-token answer;
+that burst before its first answer comes back. It costs each instance two prompts behind a unique
+salt (nothing is cached), a tiny one and one of ``warmup_tokens`` words, each with a one-token answer;
 ``[dispatch] warmup_tokens = 0`` turns it off.
 """
 

@@ -17,16 +17,18 @@ request never stalls or gets preempted; blocks are then *taken* only as tokens e
 ``kv_cache_usage`` grows with prefill and decode as in vLLM. (vLLM over-admits and preempts instead;
 reservation keeps the model simple and its invariants provable.)
 
-Defaults (see ``EmulatorConfig``), chosen to give the article's shapes on a "healthy" card:
+Defaults (see ``EmulatorConfig``), chosen to give a healthy card's shape (benchmarks/emulator_figures.py
+shows it in real time):
 
 - ``prefill_tokens_per_s = 20_000`` and ``step_overhead = 12 ms``: a lone 4,096-token prompt takes two
-  2,048-token chunks, ≈ 2 × (12 + 102) ms ≈ 0.23 s to first token (the article's ~0.1–0.3 s).
+  2,048-token chunks, ≈ 2 × (12 + 102) ms ≈ 0.23 s to first token, within the ~0.1–0.3 s a healthy
+  GPU takes for it.
 - ``decode_tokens_per_s = 3_200``: decode is memory bound, so a batch costs little more than one
   sequence: ≈ 12.3 ms per token alone, ≈ 22 ms per token with 32 sequences decoding.
 - ``max_num_seqs = 32``, ``max_num_batched_tokens = 2048``: vLLM's usual online-serving values.
 - ``kv_cache_tokens = 262_144`` (16,384 blocks of 16): about what an 8B model leaves for KV on an
   80 GB card; 32 concurrent 4k-token requests fit, so KV pressure appears only when configured.
-- ``slowdown`` multiplies every step: the article's "slow card".
+- ``slowdown`` multiplies every step: a slow card (throttled, or on a bad link).
 
 The engine never reads a clock: ``schedule()`` returns a ``StepPlan`` with its duration, the caller
 waits that long (really or virtually), then ``update(plan)`` applies it and returns the outputs.

@@ -1,6 +1,6 @@
 """Pure parser of a vLLM instance's Prometheus ``/metrics`` text into one ``EngineSample``.
 
-The scrape loop (owned by the gateway) fetches the text and stamps the time; everything here is
+The scrape loop (``control.scraper``) fetches the text and stamps the time; everything here is
 plain data in, plain data out, so it is tested on fixture text without a server::
 
     /metrics text ──parse_vllm_metrics──► EngineSample ──┬── running, waiting, kv_usage (gauges)
@@ -127,8 +127,8 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
     kv: dict[str, list[float]] = {}
     engines: set[str] = set()
     # Parse only the lines of the wanted metrics: a real vLLM page is mostly histogram buckets we
-    # ignore, and the full parse costs milliseconds per scrape per instance (measured 2.6 ms → 0.75 ms
-    # on the emulator's 7 KB page).
+    # ignore, and the full parse costs milliseconds per scrape per instance (measured:
+    # benchmarks/README.md).
     kept = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED_PREFIXES))
     if not kept and not _looks_like_exposition(text):
         snippet = text[:80].replace("\n", "\\n")
@@ -228,8 +228,8 @@ def engine_stats(
     """What dispatch may use from the latest scrape: ``None`` when missing, partial or stale.
 
     ``None`` makes the dispatcher decide on our own in-flight counts alone (and say so), rather than
-    on queue depths that may be minutes old: the article's trap is a router silently trusting a view
-    that no longer matches the fleet.
+    on queue depths that may be minutes old: a router that silently trusts a view that no longer
+    matches the fleet piles work onto an instance that is already busy.
     """
     if cur is None or sample_time is None or is_stale(sample_time, now, interval):
         return None

@@ -1,4 +1,4 @@
-"""Per-instance health from active probes: a pure state machine, the probe loop lives in the gateway.
+"""Per-instance health from active probes: a pure state machine (the probe loop is ``control.probes``).
 
 ::
 
@@ -10,8 +10,8 @@
 
 Only UP is eligible for traffic. UNKNOWN (never answered) is *not*: vLLM takes minutes to load a
 model and answers nothing useful meanwhile, so an instance that has never passed a probe would only
-collect connection errors. The gateway therefore starts with every instance UNKNOWN and brings each in
-on its first good probe; when nothing is eligible it answers 503 + Retry-After at once, never waits.
+collect connection errors. So every instance starts UNKNOWN and comes in on its first good probe;
+when nothing is eligible the gateway answers 503 + Retry-After at once, never waits.
 
 UNKNOWN → UP takes one good probe (``healthy_after`` is hysteresis against flapping after a failure;
 at startup there is nothing to flap from). UNKNOWN → DOWN after ``unhealthy_after`` failures is only

@@ -1,5 +1,5 @@
-"""Per-instance figures over the last minute, for the side-by-side status (the article: slow is
-relative, compare every instance's completions and timings at once).
+"""Per-instance figures over the last minute, for the side-by-side status (slow is relative: an
+instance is slow only against the others, so every instance's completions and timings show at once).
 
 Counts live in one-second buckets (a fixed ring, so memory does not grow with traffic); TTFT
 percentiles come from a bounded reservoir of the most recent samples inside the window.

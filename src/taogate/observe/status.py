@@ -1,7 +1,7 @@
 """The side-by-side view of the fleet: one row per instance (GET /admin/instances, ``taogate status``).
 
-The article's advice: slow is relative, so look at every instance's queue depth and completion times
-at once. The verdict column says what an operator should look at first.
+Slow is relative: an instance is slow only against the others, so every instance's queue depth and
+completion times show at once. The verdict column says what an operator should look at first.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 ::
 
     attempt failed ──► classify(...) ──► Verdict(retry, instance_fault)
-                                           │             └─► breaker.record_failure (instance's fault)
+                                           │             └─► FleetEvents.request_failed (its breaker)
                                            ▼ retry
-                       RetryBudget.try_spend(now)? ── no ──► give the client the failure
+                 attempts left, another instance could take it
+                 and RetryBudget.try_spend(now)? ── no ──► give the client the failure
                                            │ yes
                                            ▼
                        sleep backoff(n, base, cap, rand) ──► another eligible instance, never the same
@@ -50,7 +51,7 @@ def backoff(attempt: int, base: float, cap: float, rand: float) -> float:
 
 
 class FailureKind(StrEnum):
-    """How an attempt failed, as the proxy sees it (``upstream.translate`` maps the hop's errors)."""
+    """How an attempt failed, as the proxy sees it (``proxy.upstream.translate`` maps the hop's errors)."""
 
     CONNECT = "connect"  # refused, reset or DNS failure while connecting: nothing was processed
     CONNECT_TIMEOUT = "connect_timeout"
