@@ -16,6 +16,7 @@ import typer
 import uvicorn
 
 from taogate import __version__
+from taogate.config_files import load_settings, redacted_dump
 from taogate.control.admin_client import AdminError, admin_call
 from taogate.observe.logs import (
     ACCESS_FLUSH_S,
@@ -25,7 +26,7 @@ from taogate.observe.logs import (
     setup_logging,
 )
 from taogate.serving import Server, loop_factory, tune_runtime
-from taogate.settings import ConfigError, Settings, load_settings, redacted_dump
+from taogate.settings import ConfigError, Settings
 
 app = typer.Typer(
     name="taogate",

@@ -30,8 +30,9 @@ import httpx
 import pytest
 import yaml
 
+from taogate.config_files import load_settings
 from taogate.serving import bind_socket
-from taogate.settings import GatewaySettings, load_settings
+from taogate.settings import GatewaySettings
 from tests.conftest import missing, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

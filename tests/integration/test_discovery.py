@@ -114,7 +114,8 @@ async def test_a_failing_lookup_keeps_the_instances_found_before() -> None:
 
 
 def test_dns_setting_is_a_bare_host_name() -> None:
-    from taogate.settings import ConfigError, load_settings
+    from taogate.config_files import load_settings
+    from taogate.settings import ConfigError
 
     with pytest.raises(ConfigError, match="bare host name"):
         load_settings(overrides={"discovery": {"dns": "http://vllm:8000"}})

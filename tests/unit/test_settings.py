@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from taogate.settings import ConfigError, Settings, expand_env, load_settings, redacted_dump
+from taogate.config_files import load_settings, redacted_dump
+from taogate.settings import ConfigError, Settings, expand_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -103,7 +103,8 @@ def resolve_endpoint(
     emulate: bool,
 ) -> Endpoint:
     """Profile values, overridden by flags; emulated runs default the model to the emulator's."""
-    from taogate.settings import ConfigError, read_client_settings
+    from taogate.config_files import read_client_settings
+    from taogate.settings import ConfigError
 
     headers: dict[str, str] = {}
     timeout = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from taogate.dispatch.pending import Pending, speed_bound
@@ -19,8 +19,21 @@ from taogate.fleet.engine import EngineSample, engine_stats
 from taogate.fleet.health import HealthState, HealthTracker
 from taogate.fleet.window import RollingWindow
 
-if TYPE_CHECKING:
-    from taogate.fleet.lease import Lease
+
+class PendingRequest(Protocol):
+    """What an instance reads of a request still waiting for its first token (a ``Lease``)."""
+
+    @property
+    def ahead_tokens(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def sent_at(self) -> float: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+
 
 #: Seconds an instance's speed bound from its pending requests is reused (see Instance.speed_bound).
 BOUND_TTL = 0.005
@@ -66,7 +79,7 @@ class Instance:
         self.inflight = 0
         self.prefilling = 0
         self.prefill_tokens = 0
-        self.pending: dict[Lease, None] = {}  # leases without a first token, oldest first
+        self.pending: dict[PendingRequest, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
         self._engine_stats: EngineStats | None = None  # what dispatch may use of the last scrape
