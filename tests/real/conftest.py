@@ -100,7 +100,8 @@ def vllm_pair(prepared: Prepared, say: Say, report: Say) -> Iterator[Pair]:
     """The fast and the slow card, each bound to a core of its own, started together."""
     cores = cpus()
     specs = [
-        ServerSpec("fast", prepared.models.dirs["fast"], cpu=cores[0]),
+        # KV events cost the engine next to nothing and let tests watch its prefix cache directly.
+        ServerSpec("fast", prepared.models.dirs["fast"], cpu=cores[0], kv_events=True),
         ServerSpec("slow", prepared.models.dirs["slow"], cpu=cores[1 % len(cores)]),
     ]
     started = time.monotonic()

@@ -14,6 +14,8 @@ import httpx
 import pytest
 
 from tests.real.conftest import Pair, Say
+from tests.real.home import Prepared
+from tests.real.kv_events import KvListener
 from tests.real.server import VllmServer
 
 # What the gateway scrapes or what the tier's later tests read from vLLM's /metrics.
@@ -133,3 +135,31 @@ def test_slow_card_is_slower_at_prefill(vllm_pair: Pair, http: httpx.Client, rep
     fast, slow = (statistics.median(timings[label]) for label in ("fast", "slow"))
     report(f"prefill of {tokens} tokens: fast {fast:.3f} s, slow {slow:.3f} s, slow/fast {slow / fast:.1f}")
     assert slow > 1.5 * fast
+
+
+def test_kv_events_reach_a_subscriber(vllm_pair: Pair, prepared: Prepared, http: httpx.Client) -> None:
+    fast = vllm_pair.fast
+    assert fast.kv_events_endpoint is not None
+    block = 128
+    with KvListener(prepared.python, fast.kv_events_endpoint) as listener:
+        # The publisher connects on its own schedule and drops what it sent before: retry fresh prompts.
+        deadline = time.monotonic() + 30.0
+        frames: list[dict[str, Any]] = []
+        full_blocks: set[int] = set()
+        while not any(e["type"] == "BlockStored" for f in frames for e in f["payload"][1]):
+            assert time.monotonic() < deadline, f"no BlockStored event within 30 s; frames: {frames}"
+            reply = generate(http, fast, "/v1/completions", {"prompt": unique_prompt(400), "max_tokens": 1})
+            full_blocks.add(reply.json()["usage"]["prompt_tokens"] // block)
+            frames += listener.frames(wait=2.0)
+    assert all(f["parts"] == 3 and f["topic"] == "kv" and len(f["seq_hex"]) == 16 for f in frames)
+    assert [f["seq"] for f in frames] == sorted(f["seq"] for f in frames)
+    stored = []
+    for frame in frames:
+        timestamp, events, rank = frame["payload"]
+        assert isinstance(timestamp, float) and rank == 0
+        stored += [event for event in events if event["type"] == "BlockStored"]
+    for event in stored:
+        assert event["block_size"] == block
+        assert len(event["token_ids"]) == block * len(event["block_hashes"])
+    # Only full blocks are stored: one of our prompts' whole blocks, in one event.
+    assert any(len(event["block_hashes"]) in full_blocks for event in stored), (full_blocks, stored)
