@@ -95,9 +95,12 @@ class Pair:
         return self.fast, self.slow
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_pair(prepared: Prepared, say: Say, report: Say) -> Iterator[Pair]:
-    """The fast and the slow card, each bound to a core of its own, started together."""
+    """The fast and the slow card, each bound to a core of its own, started together.
+
+    Package scope: started once for this tier and stopped when its last test is done, so the rest of
+    the suite does not run beside two idle engines holding their memory."""
     cores = cpus()
     specs = [
         # KV events cost the engine next to nothing and let tests watch its prefix cache directly.
