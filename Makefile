@@ -1,13 +1,14 @@
 # taogate: two commands on a fresh machine.
 #   make demo   emulated vLLM fleet + gateway: SDK checks, bench --compare, diagnose
 #   make check  lint, types, tests (what CI runs)
+#   make real   only the real-vLLM tier (tests/real: installs vLLM into .real-vllm/ on first use)
 #   make bench  the benchmarks that print the README's figures (minutes; not part of check)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo check lint types test bench clean lock
+.PHONY: demo check lint types test real bench clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,9 @@ types: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest
+
+real: $(STAMP)
+	$(BIN)/pytest tests/real
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
