@@ -1,4 +1,4 @@
-"""Real-time latency figures of the emulator's engine model (the article's 4.1 and 4.2 checks, direct).
+"""Real-time latency figures of the emulator's engine model: one long prompt, then 16 at once, direct.
 
 Starts two emulated instances in-process, a normal one and a 2.5x slow one (prefix caching off), and
 times non-stream ``/v1/completions`` over httpx: one ~4,096-token request, then 16 concurrent ones

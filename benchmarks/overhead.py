@@ -4,10 +4,10 @@ One run, side by side on this machine, each server in its own process so its CPU
 
 * 4 instant emulators (engine bypassed) in one process: ``python -m taogate.emulator --fleet 4 --instant``;
 * the gateway: ``taogate serve`` over a temporary config.toml naming the 4 emulators;
-* issue 3's reference proxies (``reference_proxy.py``: FastAPI with aiohttp, and with httpx's default
-  transport; and nginx when installed), which the issue measured at ~300, ~1,900 and 28 µs of CPU per
-  request beside its 400 µs target: this shared machine's speed moves with its neighbours, so the
-  target is also judged as the ratio it stood in to them, measured in the same rounds;
+* the reference proxies (``reference_proxy.py``: FastAPI with aiohttp, and with httpx's default
+  transport; and nginx when installed), measured at ~300, ~1,900 and 28 µs of CPU per request when
+  the 400 µs target was set beside them: this shared machine's speed moves with its neighbours, so
+  the target is also judged as the ratio it stood in to them, measured in the same rounds;
 * this process: the load generator (aiohttp directly, on uvloop: the cheapest client, so it steals
   the least CPU from the gateway).
 
@@ -56,11 +56,11 @@ REQUEST_TIMEOUT_S = 30.0
 PHASE_TIMEOUT_S = 600.0
 IDLE_WINDOW_S = 3.0
 
-# The issue's targets (gateway issue, "The HTTP client: measured before you start").
+# The gateway's overhead targets.
 TARGET_CPU_PER_REQUEST_US = 400.0
 TARGET_CPU_PER_EVENT_US = 3.0
 TARGET_ADDED_P50_MS = 1.5
-# The issue set its 400 µs beside its own measurements of one FastAPI proxy with two clients:
+# The 400 µs target was set beside measurements of one FastAPI proxy with two clients:
 # "aiohttp directly" ~300 µs, httpx's default transport ~1,900 µs, and "for scale" nginx at 28 µs.
 # This machine's speed moves with its neighbours, so those proxies (benchmarks/reference_proxy.py,
 # and nginx when installed) run in the same rounds as the gateway, and the target is also judged as
@@ -225,7 +225,7 @@ class Round:
             assert ref.gateway_cpu is not None
             ref_cpu = ref.gateway_cpu / ref.requests * 1e6
             f[f"ref_{client}_cpu_us_per_request"] = ref_cpu
-            f[f"ref_{client}_vs_issue"] = ref_cpu / REFERENCE_CPU_US[client]
+            f[f"ref_{client}_vs_then"] = ref_cpu / REFERENCE_CPU_US[client]
             f[f"ref_{client}_added_p50_ms"] = (ref.pct(0.5) - d.pct(0.5)) * 1e3
             f[f"cpu_ratio_to_{client}"] = per_req * 1e6 / ref_cpu
         return f
@@ -276,10 +276,10 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
         ("gateway (log info) requests/s", "gateway_info_rps", "{:,.0f}"),
         *(
             line
-            for client, issue_us in REFERENCE_CPU_US.items()
+            for client, then_us in REFERENCE_CPU_US.items()
             for line in (
                 (f"reference {_label(client)} CPU µs/request", f"ref_{client}_cpu_us_per_request", "{:,.0f}"),
-                (f"  vs the issue's ~{issue_us:,.0f} µs (machine now)", f"ref_{client}_vs_issue", "{:.2f}"),
+                (f"  vs its ~{then_us:,.0f} µs when the target was set", f"ref_{client}_vs_then", "{:.2f}"),
                 ("  its added p50 (closed loop), ms", f"ref_{client}_added_p50_ms", "{:.3f}"),
                 ("  gateway CPU / this reference's", f"cpu_ratio_to_{client}", "{:.3f}"),
             )
@@ -313,10 +313,10 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
             (
                 f"  as a ratio to {_label(client)} (run)",
                 med[f"cpu_ratio_to_{client}"],
-                round(TARGET_CPU_PER_REQUEST_US / issue_us, 2),
+                round(TARGET_CPU_PER_REQUEST_US / then_us, 2),
                 "x",
             )
-            for client, issue_us in REFERENCE_CPU_US.items()
+            for client, then_us in REFERENCE_CPU_US.items()
             if f"cpu_ratio_to_{client}" in med
         ),
         (
@@ -338,7 +338,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
             "ms",
         ),
     ]
-    print(f"| {'target (gateway issue)':<40} | {'target':>10} | {'measured':>10} | {'':4} |")
+    print(f"| {'check':<40} | {'target':>10} | {'measured':>10} | {'':4} |")
     print(f"|{'-' * 42}|{'-' * 12}|{'-' * 12}|{'-' * 6}|")
     verdicts = {}
     for label, value, target, unit in checks:
@@ -508,7 +508,7 @@ def main() -> None:
         "--references",
         type=lambda v: [c for c in v.split(",") if c],
         default=DEFAULT_REFERENCES,
-        help="issue 3's reference proxies to run beside the gateway, comma-separated "
+        help="reference proxies to run beside the gateway, comma-separated "
         "(default aiohttp,httpx, and nginx when installed; '' for none): they calibrate the CPU "
         "target on a shared machine",
     )

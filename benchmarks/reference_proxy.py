@@ -1,8 +1,8 @@
-"""Issue 3's reference proxies, to calibrate the overhead benchmark against the issue's own table.
+"""Reference proxies, to calibrate the overhead benchmark against the figures its target was set by.
 
-The gateway issue measured one FastAPI proxy with two HTTP clients, "aiohttp directly" at ~300 µs
-of CPU per request and httpx's default transport at ~1,900 µs, and set taogate's target (≤ 400 µs)
-beside them. This machine is shared, so an absolute figure moves with its neighbours; running those
+One FastAPI proxy with two HTTP clients, "aiohttp directly" at ~300 µs of CPU per request and
+httpx's default transport at ~1,900 µs, measured when taogate's target (≤ 400 µs) was set beside
+them. This machine is shared, so an absolute figure moves with its neighbours; running those
 same proxies in the same rounds as taogate turns the target into ratios that hold whatever the
 machine is doing (400/300 ≈ 1.33x the aiohttp proxy, 400/1,900 ≈ 0.21x the httpx one).
 
