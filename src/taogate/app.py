@@ -107,6 +107,8 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         keys=lambda: gateway.keys,
         reload_config=gateway.reload_from_source,
         clock=gateway.clock,
+        history=gateway.history,
+        dispatch=lambda: gateway.settings.dispatch,
     )
     for base in {"", prefix}:
         api.add_api_route(f"{base}/v1/models", models, methods=["GET"])
