@@ -1,6 +1,7 @@
 """Admin endpoints (need the admin key, or the unified key when none is set).
 
-GET  /admin/instances               one row per instance, side by side (``taogate status``)
+GET  /admin/instances               one row per instance, side by side, and the gateway's own side
+GET  /admin/history[?since=T]       the last few minutes, one frame a second (the dashboard's charts)
 POST /admin/instances/{name}/drain  no new work; in-flight requests finish (rolling restarts)
 POST /admin/instances/{name}/undrain
 POST /admin/reload                  re-read the config files; an invalid config is refused
@@ -9,6 +10,7 @@ POST /admin/reload                  re-read the config files; an invalid config 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +20,10 @@ from taogate.errors import BadRequest, NotFound
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.instance import Instance
-from taogate.observe.status import status_rows
+from taogate.observe.history import History
+from taogate.observe.status import gateway_summary, status_rows
 from taogate.proxy.auth import KeyCheck, header
-from taogate.settings import ConfigError
+from taogate.settings import ConfigError, DispatchSettings
 
 log = logging.getLogger("taogate.admin")
 
@@ -35,6 +38,8 @@ def admin_router(
     keys: Callable[[], KeyCheck],
     reload_config: Callable[[], Changes],
     clock: Callable[[], float],
+    history: History,
+    dispatch: Callable[[], DispatchSettings],
 ) -> APIRouter:
     def require_admin(request: Request) -> None:
         keys().check_admin(header(request.scope["headers"], b"authorization"))
@@ -43,7 +48,22 @@ def admin_router(
 
     @router.get("/instances")
     async def instances() -> dict[str, Any]:
-        return {"queued": dispatcher.queued, "instances": status_rows(fleet, clock())}
+        return {
+            "queued": dispatcher.queued,
+            "gateway": gateway_summary(dispatcher, dispatch(), history),
+            "instances": status_rows(fleet, clock()),
+        }
+
+    @router.get("/history")
+    async def frames(request: Request) -> dict[str, Any]:
+        raw = request.query_params.get("since")
+        try:
+            since = None if raw is None else float(raw)
+            if since is not None and not math.isfinite(since):
+                raise ValueError(raw)
+        except ValueError:
+            raise BadRequest(f"since={raw!r} is not a number (a time from an earlier answer's t).") from None
+        return {"now": round(clock(), 3), **history.payload(since)}
 
     def find(name: str) -> Instance:
         inst = fleet.find(name)

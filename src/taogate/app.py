@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from taogate.admin import admin_router
 from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized, error_body
 from taogate.gateway import Gateway
+from taogate.observe.dashboard import dashboard
 from taogate.proxy.auth import header
 from taogate.proxy.routes import ROUTES, Route
 from taogate.serving import serve_asgi
@@ -107,11 +108,14 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         keys=lambda: gateway.keys,
         reload_config=gateway.reload_from_source,
         clock=gateway.clock,
+        history=gateway.history,
+        dispatch=lambda: gateway.settings.dispatch,
     )
     for base in {"", prefix}:
         api.add_api_route(f"{base}/v1/models", models, methods=["GET"])
         api.add_api_route(f"{base}/metrics", metrics, methods=["GET"])
         api.include_router(admin, prefix=f"{base}/admin")
+        api.add_api_route(f"{base}/dashboard", dashboard, methods=["GET", "HEAD"])
     return api
 
 

@@ -211,18 +211,38 @@ def status(
     url: UrlOpt = None,
     key: KeyOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Keep the view live, redrawn in place (Ctrl-C stops).")
+    ] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.", min=0.2)] = 1.0,
 ) -> None:
-    """Every instance side by side: health, queues, engine state, last-minute TTFT, speed, verdict."""
+    """Every instance side by side: health, queues, engine state, last-minute TTFT, speed, verdict.
+    Columns that do not fit the terminal are left out, least important first."""
     base, secret = _admin(config, url, key)
+    if watch and as_json:
+        typer.echo("taogate: --watch and --json do not go together", err=True)
+        raise typer.Exit(2)
+    from rich.console import Console
+
+    from taogate.observe.console import status_view
+    from taogate.observe.console import watch as watch_status
+
+    console = Console()
+    if watch:
+        try:
+            watch_status(
+                lambda: admin_call("GET", base + "/admin/instances", secret), base, console, interval=interval
+            )
+        except AdminError as exc:
+            typer.echo(f"taogate: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            return
     data = _call("GET", base + "/admin/instances", secret)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    from rich.console import Console
-
-    from taogate.observe.console import status_table
-
-    Console().print(status_table(data, base))
+    console.print(status_view(data, base, console.width))
 
 
 @app.command()

@@ -7,6 +7,7 @@ to ``pipeline.handle``. What lives where::
     pipeline     one request end to end                    upstream    the proxied hop's pool
     probes       health, models, warm-up                   scraper     the engines' own /metrics
     discovery    instances from DNS                        events      state changes, logged once
+    history      the last few minutes, for the fleet page
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from taogate.fleet.instance import InstanceSpec
 from taogate.observe.access_log import AccessLog
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import SERVER_LOGGER, DroppedResponses
+from taogate.observe.history import HISTORY_INTERVAL, History, sample
 from taogate.observe.metrics import FleetCollector, GatewayMetrics
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.intake import Intake
@@ -125,6 +127,7 @@ class Gateway:
         )
         self.scraper = Scraper(self.fleet, self.client, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
+        self.history = History()
         self._background = Background()
 
     def _current(self) -> Settings:
@@ -153,6 +156,7 @@ class Gateway:
         bg.every(lambda: self.settings.discovery.interval, self._discover)
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.probes.probe_all)
         bg.every(lambda: self.settings.dispatch.scrape_interval, self.scraper.scrape_all)
+        bg.every(lambda: HISTORY_INTERVAL, self._record_history)
 
     async def stop(self) -> None:
         """Stop taking work, give in-flight requests ``shutdown_timeout`` to finish, then close."""
@@ -161,6 +165,9 @@ class Gateway:
         await self.client.aclose()
         await self.upstream.aclose()
         logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)
+
+    async def _record_history(self) -> None:
+        self.history.add(sample(self.fleet, self.dispatcher, self.metrics, self.clock()))
 
     async def _discover(self) -> None:
         if await self.discovery.resolve():

@@ -6,7 +6,8 @@
 3. ``bench --compare``, side by side: direct round robin, gateway round_robin and least_busy with
    prefix caching off, least_busy + affinity with caching on, and the pooled bound (caching off).
 4. ``diagnose`` on the running fleet: the queue-cap bisection and its verdict.
-5. The plot, and how to point an OpenAI client at the gateway.
+5. The plot, and how to point an OpenAI client at the gateway; the fleet page's address is printed
+   at the start, and ``--hold`` keeps the gateway up after the end to look at it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def how_to(console: Console, url: str, key: str) -> None:
     table = Table(title="point an OpenAI client at the gateway", title_justify="left", show_header=False)
     table.add_row("base_url", f"{url}/v1   (or {url}/api/v1)")
     table.add_row("api_key", key)
+    table.add_row("fleet page", f"{url}/dashboard   (the same key; or taogate status --watch)")
     table.add_row(
         "python",
         f'from openai import OpenAI\nclient = OpenAI(base_url="{url}/v1", api_key="{key}")\n'
@@ -127,6 +129,10 @@ async def run_demo(console: Console, *, plot: Path, requests: int = 64, hold: fl
                 f"i{SLOW_INDEX} is {SLOW_FACTOR}x slower; prefix caching on"
             )
             console.print(f"gateway: {served.url} (least_busy, prefix affinity, max_queue_per_instance 32)")
+            console.print(
+                f"fleet page: {served.url}/dashboard (admin key: {key}); in a terminal: "
+                f"taogate status --watch --url {served.url} --key {key}"
+            )
             console.rule("one long prompt, then long prompts 16 at a time, through the gateway (OpenAI SDK)")
             await sdk_checks(console, served.url + "/v1", key, model, requests)
 
@@ -152,7 +158,10 @@ async def run_demo(console: Console, *, plot: Path, requests: int = 64, hold: fl
             )
             how_to(console, served.url, key)
             if hold > 0:
-                console.print(f"holding the fleet and gateway up for {hold:g} s (Ctrl-C to stop)")
+                console.print(
+                    f"holding the fleet and gateway up for {hold:g} s (Ctrl-C to stop); "
+                    f"the fleet page: {served.url}/dashboard"
+                )
                 await asyncio.sleep(hold)
             else:
                 console.print(

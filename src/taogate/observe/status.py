@@ -1,7 +1,8 @@
 """The side-by-side view of the fleet: one row per instance (GET /admin/instances, ``taogate status``).
 
 Slow is relative: an instance is slow only against the others, so every instance's queue depth and
-completion times show at once. The verdict column says what an operator should look at first.
+completion times show at once. The verdict says what an operator should look at first; the state is
+its one word (ok, slow, down, draining) for views that mark rows by it.
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from taogate.fleet.breaker import BreakerState
+from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.engine import hit_rate
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.instance import Instance
+from taogate.observe.history import RECENT_SECONDS, History
+from taogate.settings import DispatchSettings
 
 
 def verdict(inst: Instance, now: float, slow: bool, relative: float) -> str:
@@ -29,6 +34,14 @@ def verdict(inst: Instance, now: float, slow: bool, relative: float) -> str:
     return "ok"
 
 
+def state(inst: Instance, now: float, slow: bool) -> str:
+    if inst.draining:
+        return "draining"
+    if not inst.up or inst.breaker.state(now) is BreakerState.OPEN:
+        return "down"
+    return "slow" if slow else "ok"
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -40,6 +53,8 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
         engine = inst.engine
         minute = inst.window.stats(now)
         relative = speeds.relative(inst.name)
+        slow = inst.name in fleet.slow
+        hits = hit_rate(inst.engine_prev, engine) if engine and inst.engine_prev else None
         rows.append(
             {
                 "name": inst.name,
@@ -57,6 +72,7 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "engine_waiting": engine.waiting if engine else None,
                 "engine_running": engine.running if engine else None,
                 "kv_usage": _round(engine.kv_usage) if engine else None,
+                "prefix_hit_rate": _round(hits),
                 "scrape_age": round(now - inst.engine_at, 3) if engine else None,
                 "requests_1m": minute.requests,
                 "errors_1m": minute.errors,
@@ -67,8 +83,23 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "speed": round(speeds.speed(inst.name), 1),
                 "speed_samples": speeds.samples(inst.name),
                 "relative_speed": round(relative, 3),
-                "slow": inst.name in fleet.slow,
-                "verdict": verdict(inst, now, inst.name in fleet.slow, relative),
+                "slow": slow,
+                "state": state(inst, now, slow),
+                "verdict": verdict(inst, now, slow, relative),
             }
         )
     return rows
+
+
+def gateway_summary(dispatcher: Dispatcher, dispatch: DispatchSettings, history: History) -> dict[str, Any]:
+    """The gateway's own side: its queue, the strategy in force, recent rejections and retries."""
+    rejections, retries = history.recent(RECENT_SECONDS)
+    return {
+        "strategy": dispatch.strategy,
+        "prefix_affinity": dispatch.prefix_affinity,
+        "queued": dispatcher.queued,
+        "queue_size": dispatcher.queue_size,
+        "recent_seconds": RECENT_SECONDS,
+        "rejections": rejections,
+        "retries": retries,
+    }
