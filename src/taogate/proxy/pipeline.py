@@ -131,6 +131,7 @@ class Pipeline:
         rid = request_id(header(headers, b"x-request-id"))
         rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
         ex: Exchange | None = None
+        read = False  # the body is in: an error before that closes the connection
         self._active += 1
         self._idle.clear()
         try:
@@ -142,6 +143,7 @@ class Pipeline:
                 rec.reject = "auth"
                 raise
             incoming = await self.intake.read(route, headers, receive)
+            read = True
             facts = incoming.facts
             rec.model = incoming.model
             rec.prompt_tokens_est = facts.prompt_tokens
@@ -165,7 +167,7 @@ class Pipeline:
             if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
                 rec.reject = exc.code
             if ex is None or not ex.started:
-                await _send_error(send, route.errors, exc, rid)
+                await _send_error(send, route.errors, exc, rid, close=not read)
         except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
             log.exception("request %s failed inside the gateway", rid.decode())
             rec.status = 500
@@ -174,7 +176,7 @@ class Pipeline:
                 error = GatewayError(
                     f"Internal gateway error (request id {rid.decode()}); see the gateway log."
                 )
-                await _send_error(send, route.errors, error, rid)
+                await _send_error(send, route.errors, error, rid, close=not read)
         finally:
             self._active -= 1
             if not self._active:
@@ -407,8 +409,12 @@ class Pipeline:
         return end.error is None
 
 
-async def _send_error(send: Send, shape: ErrorShape, exc: GatewayError, rid: bytes) -> None:
+async def _send_error(send: Send, shape: ErrorShape, exc: GatewayError, rid: bytes, *, close: bool) -> None:
+    """The error, whole; ``close``: the body was not read, so the connection is not reused (the
+    listener still reads and discards it for a while, so the client sees the answer)."""
     body = shape.body(exc)
     headers = [*shape.headers(exc), (b"x-request-id", rid), (b"content-length", str(len(body)).encode())]
+    if close and not exc.closes:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
