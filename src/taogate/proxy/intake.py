@@ -19,12 +19,13 @@ from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, pr
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
 from taogate.proxy.auth import header
+from taogate.proxy.deadlines import Deadlines
 from taogate.proxy.routes import Route
 from taogate.settings import Settings
 
 
 async def read_body(
-    receive: Receive, limit: int, content_length: bytes | None, within: float = 60.0
+    receive: Receive, limit: int, content_length: bytes | None, within: float, deadlines: Deadlines
 ) -> bytes:
     """The whole request body, or BodyTooLarge as soon as it is known to exceed ``limit``, or
     RequestTimeout when it is not all in ``within`` seconds (a trickled body would hold its
@@ -38,23 +39,28 @@ async def read_body(
             raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
+    deadlines.start(within)
     try:
-        async with asyncio.timeout(within):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone
-                chunk: bytes = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(limit)
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-    except TimeoutError:
-        raise RequestTimeout(
-            f"The request body was not received within {within:g}s ([gateway] body_timeout)."
-        ) from None
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if deadlines.expired() and task is not None and task.uncancel() == 0:
+            raise RequestTimeout(
+                f"The request body was not received within {within:g}s ([gateway] body_timeout)."
+            ) from None
+        raise
+    finally:
+        deadlines.done()
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -158,6 +164,7 @@ class Intake:
         self._settings = settings
         self.tokens = tokens
         self._exact = exact
+        self._deadlines = Deadlines()  # the body reads'
 
     def configure(self, settings: Settings) -> None:
         self._settings = settings
@@ -171,7 +178,8 @@ class Intake:
                 "body uncompressed."
             )
         g = settings.gateway
-        body = await read_body(receive, g.max_body_bytes, header(headers, b"content-length"), g.body_timeout)
+        length = header(headers, b"content-length")
+        body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
         payload = parse_json_object(body, g.max_json_items)
         model = model_of(route, payload)
         facts, size = request_facts(
