@@ -12,8 +12,8 @@ OpenAI's error shape, always with ``connection: close``::
     head not complete header_timeout after it began       408 header_timeout
     a new connection silent for header_timeout            closed, nothing said
     malformed request                                     400 invalid_http_request
-    a connection past max_connections                     the longest-idle one is closed for it;
-                                                          none idle: the new one is refused
+    a connection past max_connections                     a lingering or the longest-idle one is
+                                                          closed for it; none: the new one is refused
 
 Request trailers are dropped: they are not headers (RFC 9110 §6.5.1). A response that closes the
 connection before the request's body is all in (413, 408, a refusal) closes it gently: the answer,
@@ -100,6 +100,9 @@ class _Listener:
                     victim.transport.abort()  # close() would wait for a client that does not read
                     return True
         return False
+
+
+_on_header = HttpToolsProtocol.on_header
 
 
 class _CycleTransport:
@@ -227,7 +230,7 @@ class LimitedProtocol(HttpToolsProtocol):
             raise _Reject(431, "too_many_headers", f"More than {limits.max_headers} request header fields.")
         if self._head_size + self._url_len > limits.max_header_bytes:
             raise _too_large(limits)
-        super().on_header(name, value)
+        _on_header(self, name, value)  # uvicorn's, without a super() per field
 
     def on_headers_complete(self) -> None:
         parts = self._url_parts
