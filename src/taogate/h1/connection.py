@@ -2,7 +2,7 @@
 ``Response`` it feeds: status and headers, then the body chunk by chunk with flow control.
 
 Whatever httptools raises (a malformed reply, a ``101 Switching Protocols``, which is not even an
-``HttpParserError``, a head over the pool's limits) fails the response with ``RemoteProtocolError``
+``HttpParserError``, a head over the pool's limits) fails the response with ``MalformedResponse``
 and aborts the connection: never an exception out of ``data_received``, which the loop would log
 with a traceback. A head is bounded by counting the bytes fed while it has not ended, because
 httptools accumulates a header value by concatenation before any callback sees it. Trailers are
@@ -20,7 +20,7 @@ from httpx import ReadTimeout, RemoteProtocolError, TransportError
 
 from .origin import Origin
 
-__all__ = ["Connection", "Owner", "Response", "ResponseTooLarge"]
+__all__ = ["Connection", "MalformedResponse", "Owner", "Response", "ResponseTooLarge"]
 
 _HIGH_WATER: Final = 256 * 1024  # buffered body bytes at which reading pauses (until drained)
 _MAX_INTERIM: Final = 8  # 1xx replies before the answer (100 Continue, 103 Early Hints)
@@ -32,6 +32,11 @@ class ResponseTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the answer's body exceeds {limit} bytes")
         self.limit = limit
+
+
+class MalformedResponse(RemoteProtocolError):
+    """The instance answered, but not in HTTP/1.1 this client takes: malformed, an upgrade, or a
+    head over the pool's limits (the connection itself was fine: this is the instance's doing)."""
 
 
 class _Refused(Exception):
@@ -241,7 +246,7 @@ class Connection(asyncio.Protocol):
             self._refuse(r, f"sent a response head over {limit} bytes")
 
     def _refuse(self, r: Response, why: str) -> None:
-        r._fail(RemoteProtocolError(f"{self.origin.host}:{self.origin.port} {why}"))
+        r._fail(MalformedResponse(f"{self.origin.host}:{self.origin.port} {why}"))
         self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:

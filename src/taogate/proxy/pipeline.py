@@ -285,12 +285,14 @@ class Pipeline:
         *,
         may_retry: Callable[[], bool],
         status: int | None = None,
+        malformed: bool = False,
     ) -> None:
         """Judge a failed attempt. Raises AttemptFailure when a retry elsewhere is granted; else,
         for a transport failure, the gateway's own error; for an HTTP status, returns (the
-        instance's answer is relayed as it is)."""
+        instance's answer is relayed as it is). ``malformed``: the instance's answer broke the
+        protocol or a limit, which counts against it even where a closed connection would not."""
         verdict = classify(kind, status=status)
-        if verdict.instance_fault:
+        if verdict.instance_fault or malformed:
             self.events.request_failed(inst)
         ex.rec.error = verdict.reason
         failure = AttemptFailure(verdict.reason, inst.name, detail)
@@ -310,7 +312,8 @@ class Pipeline:
         try:
             response = await self.upstream.send(inst.spec.url, ex.route.upstream_path, headers, ex.body)
         except UPSTREAM_ERRORS as exc:
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry)
+            malformed = isinstance(exc, h1.MalformedResponse)
+            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         try:
             status = response.status_code
@@ -356,7 +359,8 @@ class Pipeline:
                 code="upstream_response_too_large",
             ) from None
         except UPSTREAM_ERRORS as exc:
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry)
+            malformed = isinstance(exc, h1.MalformedResponse)
+            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         lease.first_token()
         ex.rec.ttfb = self.clock() - sent_at
