@@ -27,7 +27,7 @@ from taogate.gateway import Gateway
 from taogate.observe.dashboard import dashboard
 from taogate.proxy.auth import header
 from taogate.proxy.routes import ROUTES, Route
-from taogate.serving import serve_asgi
+from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import Settings
 
 log = logging.getLogger("taogate.app")
@@ -47,7 +47,15 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         finally:
             await gateway.stop()
 
-    api = FastAPI(title="taogate", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    # No redirect_slashes: its 307 is built from the client's Host header, before any key check.
+    api = FastAPI(
+        title="taogate",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+        lifespan=lifespan,
+    )
     api.state.gateway = gateway
     api_base = f"{prefix}/v1"
 
@@ -120,12 +128,16 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
 
 
 class TaogateApp:
-    """Routes proxied POSTs straight to the gateway; everything else to the FastAPI app."""
+    """Routes proxied POSTs straight to the gateway; everything else to the FastAPI app.
+    ``server_options``: how uvicorn must serve it (its protocol and limits), whoever serves it."""
 
-    def __init__(self, gateway: Gateway, api: FastAPI, routes: Mapping[str, Route]) -> None:
+    def __init__(
+        self, gateway: Gateway, api: FastAPI, routes: Mapping[str, Route], server_options: Mapping[str, Any]
+    ) -> None:
         self.gateway = gateway
         self.api = api
         self._routes = dict(routes)
+        self.server_options = dict(server_options)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -160,7 +172,7 @@ def create_app(
         routes[route.path] = route
         if prefix:
             routes[prefix + route.path] = route
-    return TaogateApp(gateway, _build_api(gateway, prefix), routes)
+    return TaogateApp(gateway, _build_api(gateway, prefix), routes, gateway_server_options(settings.gateway))
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,12 +117,9 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
             host=g.host,
             port=g.port,
             log_level=g.log_level,
-            access_log=False,  # taogate writes its own structured line per request
-            proxy_headers=False,  # nothing here reads the client address (X-Forwarded-For)
-            server_header=False,
             timeout_graceful_shutdown=max(1, math.ceil(g.shutdown_timeout)),  # None would mean forever
             loop="auto",
-            http="auto",
+            **application.server_options,  # the protocol and limits the tests serve it with too
         ),
         after_shutdown=access.flush_now if access is not None else None,
     )

@@ -5,14 +5,18 @@ Upstream 4xx/5xx bodies are relayed unchanged; only errors that taogate decides 
     GatewayError                      status  type                    code
     ├── Unauthorized                  401     authentication_error    invalid_api_key
     ├── BadRequest                    400     invalid_request_error   (given)
-    │   └── BodyTooLarge              413     invalid_request_error   body_too_large
+    │   ├── RequestTimeout            408     invalid_request_error   body_timeout
+    │   ├── BodyTooLarge              413     invalid_request_error   body_too_large
+    │   └── UnsupportedEncoding       415     invalid_request_error   unsupported_content_encoding
     ├── NotFound                      404     invalid_request_error   not_found / model_not_found
     ├── MethodNotAllowed              405     invalid_request_error   method_not_allowed
     ├── Overloaded                    429     rate_limit_error        queue_full / queue_timeout
     ├── NoInstance                    503     service_unavailable     no_instance
     └── UpstreamError                 502/504 upstream_error          upstream_unreachable / upstream_timeout
 
-Each error knows its status, its OpenAI ``type`` and ``code``, and an optional ``Retry-After``.
+Each error knows its status, its OpenAI ``type`` and ``code``, an optional ``Retry-After``, and
+whether the connection must close after it (a body left unread or half read). How a route renders
+them is its ``ErrorShape``: OpenAI's, unless an API family of its own says otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "internal_error"
     code: str = "internal_error"
+    closes: bool = False  # answer with connection: close (the rest of the request is not read)
 
     def __init__(
         self,
@@ -47,6 +52,8 @@ class GatewayError(Exception):
         out = [(b"content-type", b"application/json")]
         if self.retry_after is not None:
             out.append((b"retry-after", str(self.retry_after).encode()))
+        if self.closes:
+            out.append((b"connection", b"close"))
         return out
 
 
@@ -62,9 +69,26 @@ class BadRequest(GatewayError):
     code = "invalid_request"
 
 
+class RequestTimeout(BadRequest):
+    status = 408
+    code = "body_timeout"
+    closes = True
+
+
 class BodyTooLarge(BadRequest):
     status = 413
     code = "body_too_large"
+    closes = True
+
+
+class UnsupportedEncoding(BadRequest):
+    """A body in a content coding the gateway does not decode (it reads bodies as plain JSON)."""
+
+    status = 415
+    code = "unsupported_content_encoding"
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"accept-encoding", b"identity")]
 
 
 class NotFound(GatewayError):
@@ -113,3 +137,21 @@ def sse_error_event(message: str, code: str) -> bytes:
         {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
     )
     return b"data: " + payload + b"\n\ndata: [DONE]\n\n"
+
+
+class ErrorShape:
+    """How a route renders the gateway's own errors, whole or as the event that ends a stream.
+
+    OpenAI's shape here; a route of another API family passes a subclass (``Route.errors``)."""
+
+    def headers(self, exc: GatewayError) -> list[tuple[bytes, bytes]]:
+        return exc.headers()
+
+    def body(self, exc: GatewayError) -> bytes:
+        return exc.body()
+
+    def stream_end(self, message: str, code: str) -> bytes:
+        return sse_error_event(message, code)
+
+
+OPENAI_ERRORS = ErrorShape()

@@ -3,6 +3,8 @@
 ``taogate serve`` runs ``Server`` with uvicorn's own signal handling (SIGTERM drains); the demo, the
 benchmarks and the tests use ``serve_asgi``, which binds its socket first (port 0 → a free port,
 read back before serving: no port race) and awaits startup through uvicorn's own hook, never a sleep.
+Both serve the gateway with ``gateway_server_options``: its protocol and its limits, so what the
+tests exercise is what runs.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
+import resource
 import socket
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
@@ -17,7 +21,56 @@ from typing import Any
 
 import uvicorn
 
+from taogate.listener import ListenerLimits, protocol_class
+from taogate.settings import GatewaySettings
+
 _STARTUP_TIMEOUT_S = 15.0
+#: File descriptors kept beside the client connections: the upstream pool's, the control plane's,
+#: the listening socket, logs, and room for the instances' probes.
+_FD_RESERVE = 128
+
+log = logging.getLogger("taogate.serving")
+
+
+def open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one (a proxy holds a descriptor per
+    connection, and the default soft limit is often 1024); returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def gateway_server_options(cfg: GatewaySettings) -> dict[str, Any]:
+    """uvicorn options for the gateway: its protocol with the client limits of ``cfg``, no upgrades,
+    its keep-alive, and nothing of uvicorn's own that the gateway does itself."""
+    fits = open_file_limit() - cfg.max_connections - _FD_RESERVE
+    connections = max(16, min(cfg.max_client_connections, fits))
+    if connections < cfg.max_client_connections:
+        log.warning(
+            "[gateway] max_client_connections lowered from %d to %d to fit the open-file limit "
+            "(raise it with ulimit -n or LimitNOFILE=)",
+            cfg.max_client_connections,
+            connections,
+        )
+    limits = ListenerLimits(
+        max_header_bytes=cfg.max_header_bytes,
+        max_headers=cfg.max_headers,
+        max_url_bytes=cfg.max_url_bytes,
+        header_timeout=cfg.header_timeout,
+        max_connections=connections,
+    )
+    return {
+        "http": protocol_class(limits),
+        "ws": "none",
+        "timeout_keep_alive": cfg.keepalive_timeout,
+        "access_log": False,  # the gateway writes its own line per request
+        "proxy_headers": False,  # nothing reads the client address (X-Forwarded-For)
+        "server_header": False,
+    }
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -107,24 +160,21 @@ class Served:
 async def serve_asgi(
     app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful: float = 5.0, **config: Any
 ) -> AsyncIterator[Served]:
-    """Serve ``app`` until the block exits; lifespan runs, so the app's startup is done on entry."""
+    """Serve ``app`` until the block exits; lifespan runs, so the app's startup is done on entry.
+    An app with ``server_options`` (the gateway) is served with them."""
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
-    server = Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=bound,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            server_header=False,
-            timeout_graceful_shutdown=max(1, int(graceful)),
-            **config,
-        ),
-        own_signals=False,
-    )
+    options: dict[str, Any] = {
+        "log_config": None,
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+        "server_header": False,
+        "timeout_graceful_shutdown": max(1, int(graceful)),
+        **getattr(app, "server_options", {}),
+        **config,
+    }
+    server = Server(uvicorn.Config(app, host=host, port=bound, **options), own_signals=False)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name=f"serve-{bound}")
     ready = asyncio.ensure_future(server.listening.wait())
     done, _ = await asyncio.wait(

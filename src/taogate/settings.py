@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -73,7 +73,9 @@ class GatewaySettings(_Section):
         description="Seconds to send a probe's request (the proxy path's is bounded by request_timeout).",
     )
     stream_idle_timeout: float = Field(
-        default=60.0, gt=0, description="Seconds without a byte mid-stream before the stream is ended."
+        default=60.0,
+        gt=0,
+        description="Seconds without a complete event mid-stream before the stream is ended.",
     )
     client_stall_timeout: float = Field(
         default=60.0,
@@ -83,6 +85,49 @@ class GatewaySettings(_Section):
     )
     max_connections: int = Field(default=64, ge=1, description="Upstream connection pool size.")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body (413).")
+    max_json_items: int = Field(
+        default=1_000_000,
+        ge=1000,
+        description="Most JSON values in a request body, counted by its commas (400 too_many_items).",
+    )
+    # What one client or one instance may cost (defaults: nginx's and Envoy's, the larger of the two).
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=4096, description="Largest request head, request line included (431)."
+    )
+    max_headers: int = Field(default=100, ge=16, description="Most request header fields (431).")
+    max_url_bytes: int = Field(default=8 * 1024, ge=256, description="Longest request target (414).")
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds from a new connection, or the first byte of a request, to the end of its "
+        "head (408; a connection that sent nothing is closed).",
+    )
+    keepalive_timeout: float = Field(
+        default=75.0, gt=0, description="Seconds an idle client connection is kept open."
+    )
+    body_timeout: float = Field(
+        default=60.0, gt=0, description="Seconds to receive a whole request body (408)."
+    )
+    max_client_connections: int = Field(
+        default=4096,
+        ge=16,
+        description="Client connections held at once (lowered to fit the open-file limit); past it "
+        "the longest-idle connection is closed, or the new one refused when none is idle.",
+    )
+    max_response_header_bytes: int = Field(
+        default=64 * 1024, ge=4096, description="Largest response head from an instance (502)."
+    )
+    max_response_headers: int = Field(
+        default=100, ge=16, description="Most response header fields from an instance (502)."
+    )
+    max_response_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Largest non-stream answer the gateway buffers (502; the instance is not blamed).",
+    )
+    stream_timeout: float = Field(
+        default=3600.0, gt=0, description="Seconds a stream may last in all before it is ended."
+    )
     shutdown_timeout: float = Field(default=30.0, ge=0, description="Seconds in-flight work gets on stop.")
     log_format: Literal["text", "json"] = Field(default="text", description="Per-request log line format.")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
@@ -93,6 +138,25 @@ class GatewaySettings(_Section):
     @classmethod
     def _base_url(cls, v: str) -> str:
         return _check_base_url(v, "[gateway] base_url")
+
+    @model_validator(mode="after")
+    def _url_within_head(self) -> GatewaySettings:
+        if self.max_url_bytes > self.max_header_bytes:
+            raise ValueError(
+                f"[gateway] max_url_bytes = {self.max_url_bytes} exceeds max_header_bytes = "
+                f"{self.max_header_bytes}: the request line is part of the head"
+            )
+        return self
+
+    #: Keys the listening socket's protocol is built from: a reload cannot change them.
+    LISTENER_KEYS: ClassVar[tuple[str, ...]] = (
+        "max_header_bytes",
+        "max_headers",
+        "max_url_bytes",
+        "header_timeout",
+        "keepalive_timeout",
+        "max_client_connections",
+    )
 
     @property
     def prefix(self) -> str:
@@ -334,6 +398,10 @@ class Settings(BaseSettings):
             ("[gateway] base_url path", a.gateway.prefix, b.gateway.prefix),
             ("[gateway] max_connections", a.gateway.max_connections, b.gateway.max_connections),
             ("[gateway] log_level", a.gateway.log_level, b.gateway.log_level),
+            *(
+                (f"[gateway] {key}", getattr(a.gateway, key), getattr(b.gateway, key))
+                for key in GatewaySettings.LISTENER_KEYS
+            ),
             ("[prefill] tokenizer", a.prefill.tokenizer, b.prefill.tokenizer),
             ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
         ]

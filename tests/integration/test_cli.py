@@ -78,7 +78,8 @@ async def test_serve_runs_as_a_process_reloads_on_sighup_and_stops_on_sigterm(
     sock.close()
     cfg = tmp_path / "config.toml"
     urls = gw.fleet.urls
-    cfg.write_text(f'[gateway]\nport = {port}\n[[instances]]\nurl = "{urls[0]}"\nname = "a"\n')
+    instances = f'[[instances]]\nurl = "{urls[0]}"\nname = "a"\n'
+    cfg.write_text(f"[gateway]\nport = {port}\nmax_headers = 20\n{instances}")
     env = {**os.environ, "TAOTOKEN_API_KEY": KEY}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -103,6 +104,13 @@ async def test_serve_runs_as_a_process_reloads_on_sighup_and_stops_on_sigterm(
                 await asyncio.sleep(0.1)
             rows = (await h.get(base + "/admin/instances")).json()["instances"]
             assert [r["name"] for r in rows] == ["a"]
+            # served with the gateway's own protocol and the config's limits
+            fields = "".join(f"x-{i}: v\r\n" for i in range(20))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET /health HTTP/1.1\r\nhost: x\r\n{fields}\r\n".encode())
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 431 ") and b"too_many_headers" in answer
             body = {"model": "emulated-model", "prompt": "hi", "max_tokens": 1}
             r = await h.post(base + "/v1/completions", json=body, headers={"x-request-id": "cli-access-1"})
             assert r.status_code == 200

@@ -101,3 +101,31 @@ def test_access_lines_go_to_the_sink_when_given_and_the_level_allows() -> None:
     finally:
         access.setLevel(level)
     assert got == [AccessLog("text").line(rec)]
+
+
+#: Every separator ``str.splitlines`` splits on (the Python docs' list; orjson leaves the last three raw).
+SEPARATORS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+hostile_text = st.none() | st.text(st.sampled_from([*SEPARATORS, "a", " ", '"', "=", "é", "\\"]), max_size=40)
+hostile_records = st.builds(
+    RequestRecord,
+    request_id=st.just("id"),
+    route=st.just("chat"),
+    started=st.just(0.0),
+    model=hostile_text,
+    tag=hostile_text,
+    error=hostile_text,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rec=hostile_records, fmt=st.sampled_from(["text", "json"]))
+def test_property_no_line_separator_splits_an_access_line(rec: RequestRecord, fmt: str) -> None:
+    line = AccessLog(fmt).line(rec)
+    assert len(line.splitlines()) == 1
+    if fmt == "json":
+        decoded = orjson.loads(line)
+        assert (decoded.get("model"), decoded.get("tag"), decoded.get("error")) == (
+            rec.model,
+            rec.tag,
+            rec.error,
+        )

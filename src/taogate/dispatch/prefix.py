@@ -23,17 +23,23 @@ What counts as the shared part:
 
 The model is part of the key: two models never share a KV cache. Embeddings and /tokenize get no key
 (pooling and tokenizing do not reuse a prefix cache worth steering for).
+
+A key reads at most ``MAX_ITEMS`` messages and content parts: a longer history is keyed on its
+first messages, which requests sharing it share too, so a body of a million messages costs no more
+than a normal one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .tokens import PromptSize, measure_text, route_kind
+import orjson
+
+from .tokens import MAX_ITEMS, PromptSize, measure_text, route_kind
 
 __all__ = ["BLOCK_CHARS", "MIN_PREFIX_CHARS", "SharedPrefix", "prefix_key", "shared_prefix"]
 
@@ -51,35 +57,46 @@ class SharedPrefix:
     size: PromptSize
 
 
-def _hash(*parts: bytes) -> int:
+def _hasher(*parts: bytes) -> Any:
     h = hashlib.blake2b(digest_size=8, person=b"taogate-prefix")
     for part in parts:
-        h.update(len(part).to_bytes(8, "big"))  # length-prefixed: no ambiguity between parts
-        h.update(part)
-    return int.from_bytes(h.digest(), "big")
+        _feed(h, part)
+    return h
+
+
+def _feed(h: Any, part: bytes) -> None:
+    h.update(len(part).to_bytes(8, "big"))  # length-prefixed: no ambiguity between parts
+    h.update(part)
+
+
+def _hash(*parts: bytes) -> int:
+    return int.from_bytes(_hasher(*parts).digest(), "big")
 
 
 def _canonical(value: object) -> bytes:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
 
 
-def _message_text(msg: object) -> str:
-    """The text of one message, for the leading-block case; non-text parts contribute nothing."""
+def _message_text(msg: object, budget: int) -> tuple[str, int]:
+    """The text of one message (non-text parts contribute nothing), reading at most ``budget``
+    content parts; and how many items it read."""
     if isinstance(msg, str):
-        return msg
+        return msg, 1
     if not isinstance(msg, Mapping):
-        return ""
+        return "", 1
     content = msg.get("content")
     if isinstance(content, str):
-        return content
+        return content, 1
     out: list[str] = []
+    read = 1
     if isinstance(content, list):
-        for part in content:
+        for part in itertools.islice(content, max(1, budget)):
+            read += 1
             if isinstance(part, str):
                 out.append(part)
             elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
                 out.append(part["text"])
-    return "".join(out)
+    return "".join(out), read
 
 
 def _leading_block(model: bytes, extra: bytes, text: str) -> SharedPrefix | None:
@@ -94,7 +111,7 @@ def _from_prompt(model: bytes, prompt: object) -> SharedPrefix | None:
         prompt = prompt[0]  # a batch of one is the one prompt
     if isinstance(prompt, str):
         return _leading_block(model, b"", prompt)
-    if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
+    if isinstance(prompt, list) and prompt and type(prompt[0]) is int and type(prompt[-1]) is int:
         if len(prompt) < _MIN_IDS:
             return None
         ids = prompt[:_BLOCK_IDS]
@@ -106,16 +123,33 @@ def _from_messages(model: bytes, messages: object, extra: object) -> SharedPrefi
     if not isinstance(messages, list) or not messages:
         return None
     tools = _canonical(extra) if extra is not None else b""
-    history = messages[:-1]
-    texts = [_message_text(m) for m in history]
-    chars = sum(len(t) for t in texts)
-    if history and chars >= MIN_PREFIX_CHARS:
-        size = PromptSize(messages=len(history))
+    h = _hasher(model, tools, b"history")
+    budget = MAX_ITEMS
+    texts: list[str] = []
+    for msg in itertools.islice(messages, len(messages) - 1):  # the history: all but the last
+        if budget <= 0:
+            break
+        text, read = _message_text(msg, budget)
+        budget -= read
+        texts.append(text)
+        _feed(h, _canonical(msg))
+    if sum(len(t) for t in texts) >= MIN_PREFIX_CHARS:
+        size = PromptSize(messages=len(texts))
         for t in texts:
             size += measure_text(t)
-        return SharedPrefix(_hash(model, tools, b"history", _canonical(history)), size)
+        return SharedPrefix(int.from_bytes(h.digest(), "big"), size)
     # One message, or a history too short to matter: the leading block of the whole conversation.
-    return _leading_block(model, tools, "".join(_message_text(m) for m in messages))
+    head: list[str] = []
+    chars = 0
+    budget = MAX_ITEMS
+    for msg in messages:
+        if chars >= BLOCK_CHARS or budget <= 0:
+            break
+        text, read = _message_text(msg, budget)
+        budget -= read
+        head.append(text)
+        chars += len(text)
+    return _leading_block(model, tools, "".join(head))
 
 
 def shared_prefix(route: str, body: Mapping[str, Any]) -> SharedPrefix | None:
@@ -133,7 +167,7 @@ def shared_prefix(route: str, body: Mapping[str, Any]) -> SharedPrefix | None:
         extra = [instructions, body.get("tools")] if instructions or body.get("tools") else None
         if isinstance(value, str):
             head = instructions if isinstance(instructions, str) else ""
-            return _leading_block(model, _canonical(extra) if extra else b"", head + value)
+            return _leading_block(model, _canonical(extra) if extra else b"", head + value[:BLOCK_CHARS])
         return _from_messages(model, value, extra)
     return None
 

@@ -15,17 +15,20 @@ odd response from dragging it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import json
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import orjson
+
 __all__ = [
+    "MAX_ITEMS",
     "ExactCounter",
     "PromptSize",
     "TokenEstimator",
@@ -70,13 +73,18 @@ class PromptSize:
         return self.ascii + self.cjk + self.other
 
 
-_EMPTY = PromptSize()
-
-
 class ExactCounter(Protocol):
     """Counts a plain text's tokens exactly (a local tokenizer)."""
 
     def count(self, text: str) -> int: ...
+
+
+#: Items (prompts, messages, content parts) one measurement visits; past it, each list's rest is
+#: extrapolated from the part visited, so millions of tiny items cost no more than this many.
+MAX_ITEMS: Final = 4096
+_MIN_VISITS: Final = 16
+#: Longer non-ASCII texts are told CJK from other on an even sample of this many characters.
+_SAMPLE_CHARS: Final = 1 << 16
 
 
 def measure_text(text: str) -> PromptSize:
@@ -85,7 +93,8 @@ def measure_text(text: str) -> PromptSize:
     if text.isascii():
         return PromptSize(ascii=n)
     ascii_n = len(text.encode("ascii", "ignore"))
-    cjk = len(_CJK.findall(text))
+    sample = text if n <= _SAMPLE_CHARS else text[:: n // _SAMPLE_CHARS + 1]
+    cjk = min(n - ascii_n, round(len(_CJK.findall(sample)) * n / len(sample)))
     return PromptSize(ascii=ascii_n, cjk=cjk, other=n - ascii_n - cjk)
 
 
@@ -113,83 +122,119 @@ def route_kind(route: str) -> str:
     return "other"
 
 
-def _is_int_list(value: Sequence[object]) -> bool:
-    return all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+class _Tally:
+    """The features counted so far, and how many more items may be visited."""
+
+    __slots__ = ("ascii", "budget", "cjk", "media", "messages", "other", "tokens")
+
+    def __init__(self) -> None:
+        self.ascii = self.cjk = self.other = self.messages = self.media = self.tokens = 0
+        self.budget = MAX_ITEMS
+
+    def text(self, text: str) -> None:
+        if text.isascii():
+            self.ascii += len(text)
+        else:
+            size = measure_text(text)
+            self.ascii += size.ascii
+            self.cjk += size.cjk
+            self.other += size.other
+
+    def snapshot(self) -> tuple[int, ...]:
+        return (self.ascii, self.cjk, self.other, self.messages, self.media, self.tokens)
+
+    def extrapolate(self, before: tuple[int, ...], visited: int, total: int) -> None:
+        """Count the ``total - visited`` items not visited like the ``visited`` ones were."""
+        (self.ascii, self.cjk, self.other, self.messages, self.media, self.tokens) = (
+            b + (n - b) * total // visited for b, n in zip(before, self.snapshot(), strict=True)
+        )
 
 
-def _prompt(value: object, exact: ExactCounter | None) -> PromptSize:
+def _each(t: _Tally, items: list[Any], visit: Any, *extra: Any) -> None:
+    """``visit(t, item, *extra)`` for a list's items while the budget lasts, then the rest
+    extrapolated. A list met once the budget is spent still gets a few items visited (a short
+    message after a huge one is not counted like the huge one), within a second budget."""
+    before = t.snapshot()
+    for i, item in enumerate(items):
+        if t.budget <= 0 and i and (i >= _MIN_VISITS or t.budget <= -MAX_ITEMS):
+            t.extrapolate(before, i, len(items))
+            return
+        t.budget -= 1
+        visit(t, item, *extra)
+
+
+def _is_ids(value: list[Any]) -> bool:
+    """A list of token ids: its ends are checked, not every item (a mixed list is the engine's to refuse)."""
+    return type(value[0]) is int and type(value[-1]) is int
+
+
+def _prompt(t: _Tally, value: object, exact: ExactCounter | None) -> None:
     """A completions ``prompt`` / embeddings ``input``: str, list[str], list[int], list[list[int]]."""
     if isinstance(value, str):
-        return PromptSize(tokens=exact.count(value)) if exact is not None else measure_text(value)
-    if isinstance(value, list):
-        if _is_int_list(value):
-            return PromptSize(tokens=len(value))
-        total = _EMPTY
-        for item in value:
-            total += _prompt(item, exact)
-        return total
-    return _EMPTY
+        if exact is not None:
+            t.tokens += exact.count(value)
+        else:
+            t.text(value)
+    elif isinstance(value, list) and value:
+        if _is_ids(value):
+            t.tokens += len(value)
+        else:
+            _each(t, value, _prompt, exact)
 
 
-def _content(value: object) -> PromptSize:
+def _part(t: _Tally, part: object) -> None:
+    if isinstance(part, str):
+        t.text(part)
+    elif isinstance(part, Mapping):
+        text = part.get("text")
+        if isinstance(text, str):
+            t.text(text)
+        elif part.get("type") not in (None, "text", "input_text", "output_text"):
+            t.media += 1
+
+
+def _content(t: _Tally, value: object) -> None:
     """A message's ``content``: a string, or a list of parts of which only text parts are text."""
     if isinstance(value, str):
-        return measure_text(value)
-    if isinstance(value, list):
-        total = _EMPTY
-        for part in value:
-            if isinstance(part, str):
-                total += measure_text(part)
-            elif isinstance(part, Mapping):
-                text = part.get("text")
-                if isinstance(text, str):
-                    total += measure_text(text)
-                elif part.get("type") not in (None, "text", "input_text", "output_text"):
-                    total += PromptSize(media=1)
-        return total
-    return _EMPTY
+        t.text(value)
+    elif isinstance(value, list):
+        _each(t, value, _part)
 
 
-def _json_text(value: object) -> PromptSize:
+def _json_text(t: _Tally, value: object) -> None:
     """Structured parts the template renders as JSON (tool calls, tool schemas)."""
-    if value is None:
-        return _EMPTY
     if isinstance(value, str):
-        return measure_text(value)
-    try:
-        return measure_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
-    except (TypeError, ValueError):
-        return _EMPTY
+        t.text(value)
+    elif value is not None:
+        with contextlib.suppress(TypeError):
+            t.text(orjson.dumps(value).decode())
 
 
-def _message(msg: object) -> PromptSize:
+def _message(t: _Tally, msg: object) -> None:
     """One chat message (or a Responses input item): role name, content, tool calls, overhead."""
     if isinstance(msg, str):
-        return measure_text(msg) + PromptSize(messages=1)
+        t.messages += 1
+        t.text(msg)
     if not isinstance(msg, Mapping):
-        return _EMPTY
-    size = PromptSize(messages=1)
+        return
+    t.messages += 1
     for key in ("role", "name", "tool_call_id", "call_id"):
         field = msg.get(key)
         if isinstance(field, str):
-            size += measure_text(field)
+            t.text(field)
     if "content" in msg:
-        size += _content(msg.get("content"))
+        _content(t, msg.get("content"))
     for key in ("text", "output", "arguments"):  # Responses items that are not messages
         field = msg.get(key)
         if isinstance(field, str):
-            size += measure_text(field)
+            t.text(field)
     if "tool_calls" in msg:
-        size += _json_text(msg.get("tool_calls"))
-    return size
+        _json_text(t, msg.get("tool_calls"))
 
 
-def _messages(value: object) -> PromptSize:
-    total = _EMPTY
+def _messages(t: _Tally, value: object) -> None:
     if isinstance(value, list):
-        for msg in value:
-            total += _message(msg)
-    return total
+        _each(t, value, _message)
 
 
 def measure(route: str, body: Mapping[str, Any], exact: ExactCounter | None = None) -> PromptSize:
@@ -197,29 +242,38 @@ def measure(route: str, body: Mapping[str, Any], exact: ExactCounter | None = No
 
     Never raises on odd bodies: an unknown shape counts as empty, and the estimate floor (1 token)
     applies. With ``exact``, plain-text completion prompts and embedding inputs are counted exactly
-    (chat would also need the chat template, so it stays estimated).
+    (chat would also need the chat template, so it stays estimated). The work is bounded whatever
+    the body: at most ``MAX_ITEMS`` items, the rest of a longer list extrapolated.
     """
+    t = _Tally()
     kind = route_kind(route)
     if kind == "chat":
-        return _messages(body.get("messages")) + _json_text(body.get("tools"))
-    if kind == "completions":
-        return _prompt(body.get("prompt"), exact) + _prompt(body.get("suffix"), exact)
-    if kind == "embeddings":
-        return _prompt(body.get("input"), exact)
-    if kind == "responses":
-        size = _json_text(body.get("instructions")) + _json_text(body.get("tools"))
+        _messages(t, body.get("messages"))
+        _json_text(t, body.get("tools"))
+    elif kind == "completions":
+        _prompt(t, body.get("prompt"), exact)
+        _prompt(t, body.get("suffix"), exact)
+    elif kind == "embeddings":
+        _prompt(t, body.get("input"), exact)
+    elif kind == "responses":
+        _json_text(t, body.get("instructions"))
+        _json_text(t, body.get("tools"))
         value = body.get("input")
         if isinstance(value, str):
-            return size + measure_text(value)
-        return size + _messages(value)
-    if kind == "tokenize":
+            t.text(value)
+        else:
+            _messages(t, value)
+    elif kind == "tokenize":
         if "messages" in body:
-            return _messages(body.get("messages"))
-        return _prompt(body.get("prompt"), exact)
+            _messages(t, body.get("messages"))
+        else:
+            _prompt(t, body.get("prompt"), exact)
     # Unknown route: be generous rather than blind, the shapes above cover every OpenAI prompt field.
-    if "messages" in body:
-        return _messages(body.get("messages"))
-    return _prompt(body.get("prompt", body.get("input")), exact)
+    elif "messages" in body:
+        _messages(t, body.get("messages"))
+    else:
+        _prompt(t, body.get("prompt", body.get("input")), exact)
+    return PromptSize(t.ascii, t.cjk, t.other, t.messages, t.media, t.tokens)
 
 
 #: The name the gateway calls it by.

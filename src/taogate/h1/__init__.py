@@ -18,7 +18,10 @@ vocabulary (``proxy.upstream.translate`` maps them onto retry decisions)::
     httpx.ConnectTimeout       no connection in time
     httpx.PoolTimeout          no free slot in our own pool in time (says nothing about the instance)
     httpx.RemoteProtocolError  the connection closed, or the reply was malformed, before the answer was whole
-    httpx.ReadTimeout          the instance was silent for longer than the read timeout
+      MalformedResponse        of those, a reply malformed or over the limits (the instance's doing)
+    httpx.ReadTimeout          the instance was silent for longer than the read timeout, or
+                               trickled its head for longer than that in all
+    ResponseTooLarge           a body read whole is over the limit asked for (not a transport error)
 
 A request on a reused keep-alive connection that the server closed at that moment (nothing of a
 reply came back) is sent again once on a fresh connection, as HTTP clients do for idle races.
@@ -26,8 +29,8 @@ reply came back) is sent again once on a fresh connection, as HTTP clients do fo
 
 from __future__ import annotations
 
-from .connection import Response
+from .connection import MalformedResponse, Response, ResponseTooLarge
 from .origin import Origin
 from .pool import Pool
 
-__all__ = ["Origin", "Pool", "Response"]
+__all__ = ["MalformedResponse", "Origin", "Pool", "Response", "ResponseTooLarge"]

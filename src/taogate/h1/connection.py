@@ -1,5 +1,12 @@
 """One keep-alive connection to an instance (an asyncio protocol parsing with httptools), and the
-``Response`` it feeds: status and headers, then the body chunk by chunk with flow control."""
+``Response`` it feeds: status and headers, then the body chunk by chunk with flow control.
+
+Whatever httptools raises (a malformed reply, a ``101 Switching Protocols``, which is not even an
+``HttpParserError``, a head over the pool's limits) fails the response with ``MalformedResponse``
+and aborts the connection: never an exception out of ``data_received``, which the loop would log
+with a traceback. A head is bounded by counting the bytes fed while it has not ended, because
+httptools accumulates a header value by concatenation before any callback sees it. Trailers are
+not headers (RFC 9110 §6.5.1): they are dropped."""
 
 from __future__ import annotations
 
@@ -13,9 +20,27 @@ from httpx import ReadTimeout, RemoteProtocolError, TransportError
 
 from .origin import Origin
 
-__all__ = ["Connection", "Owner", "Response"]
+__all__ = ["Connection", "MalformedResponse", "Owner", "Response", "ResponseTooLarge"]
 
 _HIGH_WATER: Final = 256 * 1024  # buffered body bytes at which reading pauses (until drained)
+_MAX_INTERIM: Final = 8  # 1xx replies before the answer (100 Continue, 103 Early Hints)
+
+
+class ResponseTooLarge(Exception):
+    """A body read whole (``Response.aread``) is larger than the limit asked for."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer's body exceeds {limit} bytes")
+        self.limit = limit
+
+
+class MalformedResponse(RemoteProtocolError):
+    """The instance answered, but not in HTTP/1.1 this client takes: malformed, an upgrade, or a
+    head over the pool's limits (the connection itself was fine: this is the instance's doing)."""
+
+
+class _Refused(Exception):
+    """Raised in a parser callback: the reply breaks a limit (the message says which)."""
 
 
 class Owner(Protocol):
@@ -23,6 +48,12 @@ class Owner(Protocol):
 
     @property
     def read_timeout(self) -> float | None: ...
+
+    @property
+    def max_header_bytes(self) -> int: ...
+
+    @property
+    def max_headers(self) -> int: ...
 
     def _release(self, conn: Connection) -> None: ...
 
@@ -40,6 +71,7 @@ class Response:
         "_wait_started",
         "_waiter",
         "complete",
+        "deadline",
         "headers_done",
         "keep_alive",
         "raw_headers",
@@ -60,6 +92,7 @@ class Response:
         self._error: TransportError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._wait_started = 0.0
+        self.deadline: float | None = None  # loop time by which the head (then a whole body) is in
 
     # -- consumer side -------------------------------------------------------------------------
     def header(self, name: str) -> str:
@@ -70,13 +103,27 @@ class Response:
                 return v.decode("latin-1")
         return ""
 
-    async def aread(self) -> bytes:
-        """The whole body."""
+    async def aread(self, limit: int | None = None, within: float | None = None) -> bytes:
+        """The whole body: at most ``limit`` bytes (else ``ResponseTooLarge``, the connection
+        aborted), all in within ``within`` seconds (else ``ReadTimeout``)."""
         if self.complete and self._error is None:  # all of it is here already (small answers)
             data = self._take()
             self.close()
+            if limit is not None and len(data) > limit:
+                raise ResponseTooLarge(limit)
             return data
-        parts = [chunk async for chunk in self.aiter_raw()]
+        conn = self._conn
+        if within is not None and conn is not None:
+            self.deadline = conn.loop.time() + within
+            conn.rearm_timer()
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.aiter_raw():
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self.close()
+                raise ResponseTooLarge(limit)
+            parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
@@ -158,6 +205,10 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._interim = False  # parsing a 1xx reply (100 Continue, 103 Early Hints): skipped
         self._extra = False  # a second reply to one request: ignored, the connection not reused
+        self._progress = False  # the parser got past a head, a body piece or a message this read
+        self._stalled = 0  # bytes fed since it last did
+        self._fields = 0
+        self._interims = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -170,13 +221,33 @@ class Connection(asyncio.Protocol):
             return
         self.last_read = self.loop.time()
         r.received = True
+        self._progress = False
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(r, "answered 101 Switching Protocols (upgrades are not proxied)")
+            return
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self._refuse(r, str(cause) if isinstance(cause, _Refused) else f"sent a malformed answer: {exc}")
+            return
         except httptools.HttpParserError as exc:
-            r._fail(
-                RemoteProtocolError(f"malformed response from {self.origin.host}:{self.origin.port}: {exc}")
-            )
-            self.abort()
+            self._refuse(r, f"sent a malformed answer: {exc}")
+            return
+        except Exception as exc:  # never out of data_received: the loop would log a traceback
+            self._refuse(r, f"sent an answer the parser failed on ({type(exc).__name__}: {exc})")
+            return
+        if self._progress:
+            self._stalled = 0
+            return
+        self._stalled += len(data)  # a head (or trailers) that has not ended yet
+        limit = self.pool.max_header_bytes
+        if self._stalled > limit:
+            self._refuse(r, f"sent a response head over {limit} bytes")
+
+    def _refuse(self, r: Response, why: str) -> None:
+        r._fail(MalformedResponse(f"{self.origin.host}:{self.origin.port} {why}"))
+        self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -195,34 +266,46 @@ class Connection(asyncio.Protocol):
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._fields = 0
         r = self.response
         if r is not None and r.headers_done:  # a reply nobody asked for: framing can't be trusted
             self._extra = True
             r.keep_alive = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._extra:
-            assert self.response is not None
-            self.response.raw_headers.append((name, value))
+        r = self.response
+        assert r is not None
+        if self._extra or r.headers_done:
+            return  # an extra reply's, or a trailer field (never merged into the headers)
+        self._fields += 1
+        if self._fields > self.pool.max_headers:
+            raise _Refused(f"sent more than {self.pool.max_headers} response header fields")
+        r.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         r = self.response
         assert r is not None
+        self._progress = True
         status = self.parser.get_status_code()
         if self._extra:
             return
         if 100 <= status < 200:
             self._interim = True
+            self._interims += 1
+            if self._interims > _MAX_INTERIM:
+                raise _Refused(f"sent more than {_MAX_INTERIM} interim (1xx) replies")
             r.raw_headers.clear()
             return
         r.status_code = status
         r.keep_alive = self.parser.should_keep_alive()
         r.headers_done = True
+        r.deadline = None  # the head is in; the body's own deadline, if any, is the reader's
         r._wake()
 
     def on_body(self, body: bytes) -> None:
         r = self.response
         assert r is not None
+        self._progress = True
         if self._extra:
             return
         r._chunks.append(body)
@@ -235,6 +318,7 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         r = self.response
         assert r is not None
+        self._progress = True
         if self._interim:
             self._interim = False
             return
@@ -250,7 +334,11 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None and self.response is None
         r = Response(self)
         self.response = r
-        self.last_read = self.loop.time()
+        self.last_read = now = self.loop.time()
+        self._interims = 0
+        timeout = self.pool.read_timeout
+        if timeout is not None:  # the head in all, not only between reads: a trickle ends too
+            r.deadline = now + timeout
         if len(body) < 65536:  # one write; a large body is not copied to be joined
             self.transport.write(head + body)
         else:
@@ -265,7 +353,16 @@ class Connection(asyncio.Protocol):
 
     def arm_timer(self) -> None:
         if self._timer is None and self.pool.read_timeout is not None:
-            self._timer = self.loop.call_at(self.loop.time() + self.pool.read_timeout, self._check)
+            at = self.loop.time() + self.pool.read_timeout
+            r = self.response
+            if r is not None and r.deadline is not None and r.deadline < at:
+                at = r.deadline
+            self._timer = self.loop.call_at(at, self._check)
+
+    def rearm_timer(self) -> None:
+        """Time again from now (a response's deadline moved earlier)."""
+        self._cancel_timer()
+        self.arm_timer()
 
     def _check(self) -> None:
         """The read timeout: silence while the consumer waits; a consumer busy elsewhere (a slow
@@ -280,10 +377,17 @@ class Connection(asyncio.Protocol):
             self._timer = self.loop.call_at(now + timeout, self._check)
             return
         deadline = max(self.last_read, r._wait_started) + timeout
+        total = r.deadline
+        if total is not None and total < deadline:
+            deadline = total
         if now < deadline:
             self._timer = self.loop.call_at(deadline, self._check)
             return
-        r._fail(ReadTimeout(f"no data from {self.origin.host}:{self.origin.port} for {timeout:g}s"))
+        where = f"{self.origin.host}:{self.origin.port}"
+        if now - max(self.last_read, r._wait_started) >= timeout:
+            r._fail(ReadTimeout(f"no data from {where} for {timeout:g}s"))
+        else:
+            r._fail(ReadTimeout(f"{where} kept trickling: no complete answer in time"))
         self.abort()
 
     def _cancel_timer(self) -> None:

@@ -41,6 +41,8 @@ class Pool:
         pool_timeout: float,
         keepalive: float = 2.5,
         ssl_context: ssl.SSLContext | None = None,
+        max_header_bytes: int = 64 * 1024,
+        max_headers: int = 100,
     ) -> None:
         if limit < 1:
             raise ValueError("limit must be >= 1")
@@ -49,6 +51,8 @@ class Pool:
         self.read_timeout = read_timeout
         self.pool_timeout = pool_timeout
         self.keepalive = keepalive
+        self.max_header_bytes = max_header_bytes  # a reply's head, over it: RemoteProtocolError
+        self.max_headers = max_headers
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._open = 0

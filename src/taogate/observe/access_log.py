@@ -61,6 +61,18 @@ _FIELDS = (
 
 _UNSAFE = re.compile(r'[ "=]')
 _ROUNDED = frozenset({"ttfb", "duration", "queue_wait"})
+#: The line separators ``str.splitlines`` knows that JSON escaping leaves as they are (orjson escapes
+#: the control characters among them, U+0000-U+001F, itself).
+_RAW_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
+def _no_breaks(line: str) -> str:
+    """``line`` with every line separator left escaped as ``\\uXXXX``: a log reader splitting on
+    any of them still sees one request per line. They can only be inside JSON strings here, so the
+    result is the same JSON."""
+    if line.isascii() or _RAW_BREAKS.search(line) is None:
+        return line
+    return _RAW_BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
 
 
 def _text(value: object) -> str:
@@ -71,7 +83,7 @@ def _text(value: object) -> str:
     value = value[:128]
     if value and value.isprintable() and _UNSAFE.search(value) is None:
         return value
-    return orjson.dumps(value).decode()
+    return _no_breaks(orjson.dumps(value).decode())
 
 
 def _text_line(rec: RequestRecord) -> str:
@@ -122,7 +134,7 @@ class AccessLog:
             for k in _ROUNDED:
                 if k in fields:
                     fields[k] = round(fields[k], 4)
-            return orjson.dumps(fields).decode()
+            return _no_breaks(orjson.dumps(fields).decode())
         return _text_line(rec)
 
     def emit(self, rec: RequestRecord) -> None:

@@ -1,4 +1,5 @@
-"""The stream idle guard: ends a stream whose instance went silent or whose client stopped reading.
+"""The stream guard: ends a stream whose instance stopped sending events, whose client stopped
+reading, or that has lasted too long.
 
 Built to cost next to nothing per relayed chunk: one clock read around each send, and a single
 timer that re-arms itself instead of being rescheduled per chunk.
@@ -7,24 +8,38 @@ timer that re-arms itself instead of being rescheduled per chunk.
 from __future__ import annotations
 
 import asyncio
+import math
 
 __all__ = ["IdleGuard"]
 
 
 class IdleGuard:
-    """Ends a stream that stopped moving: cancels the relaying task when the instance has sent
-    nothing for ``idle`` seconds (``expired``), or when one send to the client has been blocked for
-    ``stall`` seconds (``stalled``: a client that keeps its connection open but reads nothing would
-    otherwise hold its instance slot for ever).
+    """Ends a stream that stopped moving: cancels the relaying task when the instance has completed
+    no event for ``idle`` seconds (``expired``: bytes alone do not count, or one byte every few
+    seconds would hold the instance slot for ever), when one send to the client has been blocked
+    for ``stall`` seconds (``stalled``: a client that keeps its connection open but reads nothing),
+    or ``limit`` seconds after it began (``overdue``).
 
-    The relay calls ``sending_started()`` / ``sent()`` around each chunk (a clock read each); a
-    single timer re-arms itself instead of being rescheduled per chunk. Time spent blocked sending
-    does not count as the instance's silence.
+    The relay calls ``sending_started()`` / ``sent(event_ended)`` around each chunk (a clock read
+    each); a single timer re-arms itself instead of being rescheduled per chunk. Time spent blocked
+    sending does not count as the instance's silence.
     """
 
-    __slots__ = ("_handle", "_idle", "_loop", "_stall", "_task", "expired", "last", "send_started", "stalled")
+    __slots__ = (
+        "_end",
+        "_handle",
+        "_idle",
+        "_loop",
+        "_stall",
+        "_task",
+        "expired",
+        "last",
+        "overdue",
+        "send_started",
+        "stalled",
+    )
 
-    def __init__(self, idle: float, stall: float | None = None) -> None:
+    def __init__(self, idle: float, stall: float | None = None, limit: float | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None, "IdleGuard must be created inside a task"
@@ -33,15 +48,18 @@ class IdleGuard:
         self._stall = stall
         self.expired = False
         self.stalled = False
+        self.overdue = False
         self.send_started: float | None = None  # set while blocked writing to the client
-        self.last = self._loop.time()
+        self.last = self._loop.time()  # when the last event ended (or the stream began)
+        self._end = self.last + limit if limit is not None else math.inf
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._next(self.last), self._check)
 
     def _next(self, now: float) -> float:
         started = self.send_started
         if started is not None:  # blocked on the client: only the stall limit applies
-            return started + self._stall if self._stall is not None else now + self._idle
-        deadline = self.last + self._idle
+            at = started + self._stall if self._stall is not None else now + self._idle
+            return min(at, self._end)
+        deadline = min(self.last + self._idle, self._end)
         if self._stall is not None:  # a send may block before the next check
             deadline = min(deadline, now + self._stall)
         return deadline
@@ -49,12 +67,21 @@ class IdleGuard:
     def sending_started(self) -> None:
         self.send_started = self._loop.time()
 
-    def sent(self) -> None:
-        self.send_started = None
-        self.last = self._loop.time()
+    def sent(self, event_ended: bool = True) -> None:
+        now = self._loop.time()
+        started, self.send_started = self.send_started, None
+        if event_ended:
+            self.last = now
+        elif started is not None:
+            self.last += now - started  # blocked on the client: not the instance's silence
 
     def _check(self) -> None:
         now = self._loop.time()
+        if now >= self._end:
+            self._handle = None
+            self.overdue = True
+            self._task.cancel()
+            return
         started = self.send_started
         if started is not None and self._stall is not None and now - started >= self._stall:
             self._handle = None

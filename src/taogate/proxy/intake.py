@@ -6,6 +6,7 @@ text for the size estimate and the prefix key), never re-serialised.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -16,14 +17,19 @@ from starlette.types import Receive
 from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import BadRequest, BodyTooLarge
+from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
 from taogate.proxy.auth import header
+from taogate.proxy.deadlines import Deadlines
 from taogate.proxy.routes import Route
 from taogate.settings import Settings
 
 
-async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
-    """The whole request body, or BodyTooLarge as soon as it is known to exceed ``limit``."""
+async def read_body(
+    receive: Receive, limit: int, content_length: bytes | None, within: float, deadlines: Deadlines
+) -> bytes:
+    """The whole request body, or BodyTooLarge as soon as it is known to exceed ``limit``, or
+    RequestTimeout when it is not all in ``within`` seconds (a trickled body would hold its
+    memory and its connection for as long as the client likes)."""
     if content_length is not None:
         try:
             declared = int(content_length)
@@ -33,17 +39,28 @@ async def read_body(receive: Receive, limit: int, content_length: bytes | None) 
             raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
+    deadlines.start(within)
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if deadlines.expired() and task is not None and task.uncancel() == 0:
+            raise RequestTimeout(
+                f"The request body was not received within {within:g}s ([gateway] body_timeout)."
+            ) from None
+        raise
+    finally:
+        deadlines.done()
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -68,9 +85,18 @@ def request_id(raw: bytes | None) -> bytes:
     return os.urandom(12).hex().encode()
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def parse_json_object(body: bytes, max_items: int = 1_000_000) -> dict[str, Any]:
+    """The body as a JSON object. Parsing costs an allocation per value, so a body of millions of
+    tiny ones would block the loop for a second or more: past ``max_items`` values (counted by the
+    body's commas, those inside strings too: a bound on the parse, not an exact count) it is refused
+    before it is parsed."""
     if not body:
         raise BadRequest("The request body is empty; send a JSON object.", code="invalid_json")
+    if len(body) > max_items and body.count(b",") >= max_items:
+        raise BadRequest(
+            f"The request body holds more than {max_items} JSON values ([gateway] max_json_items).",
+            code="too_many_items",
+        )
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -138,14 +164,23 @@ class Intake:
         self._settings = settings
         self.tokens = tokens
         self._exact = exact
+        self._deadlines = Deadlines()  # the body reads'
 
     def configure(self, settings: Settings) -> None:
         self._settings = settings
 
     async def read(self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
         settings = self._settings
-        body = await read_body(receive, settings.gateway.max_body_bytes, header(headers, b"content-length"))
-        payload = parse_json_object(body)
+        encoding = header(headers, b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+            raise UnsupportedEncoding(
+                f"Content-Encoding {encoding.decode('latin-1')[:64]!r} is not accepted: send the JSON "
+                "body uncompressed."
+            )
+        g = settings.gateway
+        length = header(headers, b"content-length")
+        body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
+        payload = parse_json_object(body, g.max_json_items)
         model = model_of(route, payload)
         facts, size = request_facts(
             route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact

@@ -22,10 +22,11 @@ from typing import Any
 
 from starlette.types import Receive, Send
 
+from taogate import h1
 from taogate.control.events import FleetEvents
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import GatewayError, NoInstance
+from taogate.errors import ErrorShape, GatewayError, NoInstance, UpstreamError
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
@@ -130,6 +131,7 @@ class Pipeline:
         rid = request_id(header(headers, b"x-request-id"))
         rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
         ex: Exchange | None = None
+        read = False  # the body is in: an error before that closes the connection
         self._active += 1
         self._idle.clear()
         try:
@@ -141,6 +143,7 @@ class Pipeline:
                 rec.reject = "auth"
                 raise
             incoming = await self.intake.read(route, headers, receive)
+            read = True
             facts = incoming.facts
             rec.model = incoming.model
             rec.prompt_tokens_est = facts.prompt_tokens
@@ -161,10 +164,10 @@ class Pipeline:
         except GatewayError as exc:
             rec.status = exc.status
             rec.error = exc.code
-            if rec.reject is None and exc.status in (400, 404, 405, 413, 429, 503):
+            if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
                 rec.reject = exc.code
             if ex is None or not ex.started:
-                await _send_error(send, exc, rid)
+                await _send_error(send, route.errors, exc, rid, close=not read)
         except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
             log.exception("request %s failed inside the gateway", rid.decode())
             rec.status = 500
@@ -173,7 +176,7 @@ class Pipeline:
                 error = GatewayError(
                     f"Internal gateway error (request id {rid.decode()}); see the gateway log."
                 )
-                await _send_error(send, error, rid)
+                await _send_error(send, route.errors, error, rid, close=not read)
         finally:
             self._active -= 1
             if not self._active:
@@ -282,12 +285,14 @@ class Pipeline:
         *,
         may_retry: Callable[[], bool],
         status: int | None = None,
+        malformed: bool = False,
     ) -> None:
         """Judge a failed attempt. Raises AttemptFailure when a retry elsewhere is granted; else,
         for a transport failure, the gateway's own error; for an HTTP status, returns (the
-        instance's answer is relayed as it is)."""
+        instance's answer is relayed as it is). ``malformed``: the instance's answer broke the
+        protocol or a limit, which counts against it even where a closed connection would not."""
         verdict = classify(kind, status=status)
-        if verdict.instance_fault:
+        if verdict.instance_fault or malformed:
             self.events.request_failed(inst)
         ex.rec.error = verdict.reason
         failure = AttemptFailure(verdict.reason, inst.name, detail)
@@ -307,7 +312,8 @@ class Pipeline:
         try:
             response = await self.upstream.send(inst.spec.url, ex.route.upstream_path, headers, ex.body)
         except UPSTREAM_ERRORS as exc:
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry)
+            malformed = isinstance(exc, h1.MalformedResponse)
+            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         try:
             status = response.status_code
@@ -337,12 +343,24 @@ class Pipeline:
         sent_at: float,
         may_retry: Callable[[], bool],
     ) -> None:
-        """Non-stream answers are small JSON: read them whole, so a failure mid-body is still retryable."""
+        """Non-stream answers are read whole, so a failure mid-body is still retryable: within
+        ``max_response_bytes`` and ``request_timeout``. An answer over the size is refused without
+        blaming the instance (an operator's limit, which the next instance would meet too)."""
         inst = lease.instance
+        cfg = self.settings.gateway
         try:
-            data = await response.aread()
+            data = await response.aread(cfg.max_response_bytes, cfg.request_timeout)
+        except h1.ResponseTooLarge as exc:
+            log.warning(
+                "request %s: instance %s answered more than %d bytes", ex.rec.request_id, inst.name, exc.limit
+            )
+            raise UpstreamError(
+                f"Instance {inst.name} answered more than {exc.limit} bytes ([gateway] max_response_bytes).",
+                code="upstream_response_too_large",
+            ) from None
         except UPSTREAM_ERRORS as exc:
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry)
+            malformed = isinstance(exc, h1.MalformedResponse)
+            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         lease.first_token()
         ex.rec.ttfb = self.clock() - sent_at
@@ -373,12 +391,15 @@ class Pipeline:
         def last_message() -> None:
             ex.finished = True
 
+        cfg = self.settings.gateway
         end = await relay_sse(
             response,
             ex.send,
             instance=inst.name,
-            idle=self.settings.gateway.stream_idle_timeout,
-            stall=self.settings.gateway.client_stall_timeout,
+            idle=cfg.stream_idle_timeout,
+            stall=cfg.client_stall_timeout,
+            limit=cfg.stream_timeout,
+            errors=ex.route.errors,
             on_first_chunk=first_chunk,
             on_last_message=last_message,
         )
@@ -387,11 +408,17 @@ class Pipeline:
             ex.rec.error = end.error
             ex.rec.status = 502
             self.metrics.child(self.metrics.stream_errors, inst.name, end.error).inc()
-            self.events.request_failed(inst)
+            if end.error != "stream_timeout":  # a long stream is the gateway's limit, not a fault
+                self.events.request_failed(inst)
         return end.error is None
 
 
-async def _send_error(send: Send, exc: GatewayError, rid: bytes) -> None:
-    headers = [*exc.headers(), (b"x-request-id", rid)]
+async def _send_error(send: Send, shape: ErrorShape, exc: GatewayError, rid: bytes, *, close: bool) -> None:
+    """The error, whole; ``close``: the body was not read, so the connection is not reused (the
+    listener still reads and discards it for a while, so the client sees the answer)."""
+    body = shape.body(exc)
+    headers = [*shape.headers(exc), (b"x-request-id", rid), (b"content-length", str(len(body)).encode())]
+    if close and not exc.closes:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

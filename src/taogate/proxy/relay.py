@@ -1,8 +1,8 @@
 """Relaying an instance's answer to the client: a whole JSON body, or an SSE stream as it arrives.
 
 Once the first byte of a stream has gone to the client nothing can be retried, so every failure
-ends the stream the same way: an OpenAI-shaped error event, on an event boundary, then the end of
-the body.
+ends the stream the same way: the route's error event, on an event boundary, then the end of the
+body.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.types import Send
 
-from taogate.errors import sse_error_event
+from taogate.errors import OPENAI_ERRORS, ErrorShape
 from taogate.proxy.idle import IdleGuard
 from taogate.proxy.intake import ClientStalled
 from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
@@ -50,13 +50,16 @@ async def relay_sse(
     instance: str,
     idle: float,
     stall: float | None = None,
+    limit: float | None = None,
+    errors: ErrorShape = OPENAI_ERRORS,
     on_first_chunk: Callable[[], None],
     on_last_message: Callable[[], None],
 ) -> StreamEnd:
     """Relay the body of an already-started SSE response; always sends the final body message,
-    unless the client stopped reading for ``stall`` seconds: then ``ClientStalled``."""
+    unless the client stopped reading for ``stall`` seconds: then ``ClientStalled``. ``idle``
+    counts seconds without a complete event; ``limit`` bounds the whole stream."""
     tap = UsageTap()
-    guard = IdleGuard(idle, stall)
+    guard = IdleGuard(idle, stall, limit)
     first = True
     tail = b"\n\n"
     error: tuple[str, str] | None = None
@@ -65,28 +68,31 @@ async def relay_sse(
             if first:
                 first = False
                 on_first_chunk()
-            tap.feed(chunk)
+            ended = tap.feed(chunk)
             guard.sending_started()  # a slow client is not a silent instance
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            guard.sent()
+            guard.sent(ended)
             tail = chunk[-2:]
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        # The guard's cancel alone means the instance went silent or the client stopped reading;
-        # any other cancel (the client hung up, shutdown) must propagate.
-        if not (guard.expired or guard.stalled) or task is None or task.cancelling() > 1:
+        # The guard's cancel alone means the instance went quiet, the client stopped reading or
+        # the stream ran out of time; any other cancel (the client hung up, shutdown) propagates.
+        if not (guard.expired or guard.stalled or guard.overdue) or task is None or task.cancelling() > 1:
             raise
         task.uncancel()
         if guard.stalled:
             raise ClientStalled(f"the client read nothing for {stall:g}s") from None
-        error = ("stream_idle_timeout", f"no data from instance {instance} for {idle:g}s")
+        if guard.overdue:
+            error = ("stream_timeout", f"the stream from instance {instance} lasted over {limit:g}s")
+        else:
+            error = ("stream_idle_timeout", f"no complete event from instance {instance} for {idle:g}s")
     except UPSTREAM_ERRORS as exc:
         error = ("upstream_stream_broken", f"instance {instance} broke the stream ({type(exc).__name__})")
     finally:
         guard.close()
     if error is not None:
         code, message = error
-        event = sse_error_event(message, code)
+        event = errors.stream_end(message, code)
         if tail != b"\n\n":  # never splice the error into a half-relayed event
             event = b"\n\n" + event
         await send({"type": "http.response.body", "body": event, "more_body": True})

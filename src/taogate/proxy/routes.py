@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from taogate.errors import OPENAI_ERRORS, ErrorShape
+
 __all__ = ["ROUTES", "Route", "RouteKind"]
 
 RouteKind = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
@@ -18,6 +20,7 @@ class Route:
     kind: RouteKind
     model_required: bool = True
     generates: bool = True  # produces tokens (TTFT and speed samples make sense)
+    errors: ErrorShape = OPENAI_ERRORS  # how the gateway's own errors look on this route
 
     @property
     def upstream_path(self) -> bytes:

@@ -7,13 +7,17 @@ once, into a ``FailureKind`` (see ``retry.classify``)::
     httpx.ConnectTimeout       → connect_timeout
     httpx.PoolTimeout          → pool_timeout     (our own pool; not the instance's fault)
     httpx.RemoteProtocolError,
-      OSError, anything else   → closed           (died before a complete answer)
-    httpx.ReadTimeout          → read_timeout     (no byte within request_timeout)
+      OSError, anything else   → closed           (died before a complete answer, or sent one
+                                                   that is malformed or over the head limits)
+    httpx.ReadTimeout          → read_timeout     (no byte, or no complete head or whole
+                                                   body, within request_timeout)
+
+``h1.ResponseTooLarge`` is none of these: the pipeline answers it itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +30,7 @@ from taogate.proxy.retry import FailureKind
 from taogate.settings import GatewaySettings
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the relay recomputes; never forwarded either way.
+#: Headers a ``Connection`` field names are hop-by-hop too, and dropped with it.
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -41,7 +46,22 @@ HOP_BY_HOP = frozenset(
     }
 )
 _DROP_UP = HOP_BY_HOP | CREDENTIAL_HEADERS | {b"x-request-tag", b"x-request-id", b"accept-encoding"}
-_DROP_DOWN = HOP_BY_HOP | {b"server", b"date", b"x-request-id"}
+#: From an instance's answer, besides the hop-by-hop ones: what the gateway says itself (date,
+#: server, request id), and what would speak for the gateway's origin to every client, which no
+#: instance behind one key may: cookies, HSTS, alternative services, proxy authentication.
+_DROP_DOWN = HOP_BY_HOP | {
+    b"server",
+    b"date",
+    b"x-request-id",
+    b"set-cookie",
+    b"set-cookie2",
+    b"strict-transport-security",
+    b"alt-svc",
+    b"proxy-authenticate",
+    b"proxy-authentication-info",
+}
+#: Only the gateway speaks in its own namespace, in both directions.
+_OURS = b"x-taogate-"
 
 
 @dataclass
@@ -84,6 +104,8 @@ class Upstream:
             read_timeout=cfg.request_timeout,
             pool_timeout=cfg.request_timeout,
             keepalive=2.5,
+            max_header_bytes=cfg.max_response_header_bytes,
+            max_headers=cfg.max_response_headers,
         )
         self._origins: dict[str, h1.Origin] = {}
 
@@ -92,6 +114,8 @@ class Upstream:
         self.pool.connect_timeout = cfg.connect_timeout
         self.pool.read_timeout = cfg.request_timeout
         self.pool.pool_timeout = cfg.request_timeout
+        self.pool.max_header_bytes = cfg.max_response_header_bytes
+        self.pool.max_headers = cfg.max_response_headers
 
     def send(
         self, base_url: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
@@ -126,17 +150,32 @@ def translate(exc: BaseException) -> tuple[FailureKind, str]:
 UPSTREAM_ERRORS = (httpx.TransportError, OSError)
 
 
+def _nominated(headers: Sequence[tuple[bytes, bytes]], lower: bool) -> frozenset[bytes]:
+    """The header names the ``Connection`` fields list (empty for the usual ``keep-alive``/``close``,
+    which are dropped anyway)."""
+    names: set[bytes] = set()
+    for k, v in headers:
+        if (k.lower() if lower else k) == b"connection":
+            names.update(t for token in v.split(b",") if (t := token.strip().lower()))
+    return frozenset(names - HOP_BY_HOP - {b"close"})
+
+
 def upstream_headers(
     client_headers: list[tuple[bytes, bytes]],
     *,
     request_id: bytes,
     tag: bytes | None,
 ) -> list[tuple[bytes, bytes]]:
-    """Client headers minus hop-by-hop and credentials, plus the request id and tag.
+    """Client headers minus hop-by-hop (and those its Connection field names), credentials and the
+    gateway's own, plus the request id and tag.
 
     The instance's own key (if any) is added per attempt, since a retry may go elsewhere.
     """
-    out = [(k, v) for k, v in client_headers if k not in _DROP_UP]
+    drop = _DROP_UP
+    nominated = _nominated(client_headers, lower=False)  # ASGI names are lower-case already
+    if nominated:
+        drop = drop | nominated
+    out = [(k, v) for k, v in client_headers if k not in drop and not k.startswith(_OURS)]
     out.append((b"x-request-id", request_id))
     if tag:
         out.append((b"x-request-tag", tag))
@@ -144,11 +183,15 @@ def upstream_headers(
 
 
 def downstream_headers(
-    raw: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]], *, request_id: bytes, instance: str
+    raw: Sequence[tuple[bytes, bytes]], *, request_id: bytes, instance: str
 ) -> list[tuple[bytes, bytes]]:
     """The instance's response headers minus hop-by-hop and framing (the relay recomputes length),
-    plus the request id and which instance served it."""
-    out = [(lk, v) for k, v in raw if (lk := k.lower()) not in _DROP_DOWN]
+    those only the gateway may set, plus the request id and which instance served it."""
+    drop = _DROP_DOWN
+    nominated = _nominated(raw, lower=True)
+    if nominated:
+        drop = drop | nominated
+    out = [(lk, v) for k, v in raw if (lk := k.lower()) not in drop and not lk.startswith(_OURS)]
     out.append((b"x-request-id", request_id))
     out.append((b"x-taogate-instance", instance.encode()))
     return out

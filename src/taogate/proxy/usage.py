@@ -1,7 +1,8 @@
 """Reading ``usage`` from an answer without parsing all of it: the SSE tap and the JSON body probe.
 
-The tap costs one substring search per relayed chunk; only events that mention ``"usage"`` are
-parsed.
+The tap costs a substring search or two per relayed chunk; only events that mention ``"usage"`` are
+parsed. Both are linear in the answer, whatever its shape: every byte is copied at most twice, and
+the probe never rescans what it has scanned.
 """
 
 from __future__ import annotations
@@ -17,27 +18,65 @@ _MAX_PENDING = 256 * 1024
 
 
 class UsageTap:
-    """Finds the ``usage`` object in an SSE stream without parsing every event.
+    """Finds the ``usage`` object in an SSE stream without parsing every event, and says which
+    chunks end an event (the relay's idle rule counts events, not bytes).
 
     Only chunks that mention ``"usage"`` are parsed; an event split across chunks is held until its
-    end arrives (bounded).
+    end arrives (bounded: a bigger event is not a usage event).
     """
 
-    __slots__ = ("_pending", "usage")
+    __slots__ = ("_parts", "_size", "_tail", "usage")
 
     def __init__(self) -> None:
-        self._pending = b""
+        self._parts: list[bytes] = []  # the unfinished event so far
+        self._size = 0
+        self._tail = b""  # the last two bytes seen, for a blank line split across chunks
         self.usage: dict[str, Any] | None = None
 
-    def feed(self, chunk: bytes) -> None:
-        # Keep what follows the last event boundary (usually nothing: SSE writes end on one), so an
-        # event, or the word "usage" itself, split across chunks is still seen whole.
-        data = self._pending + chunk if self._pending else chunk
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next chunk; whether an event ended in it (a blank line, LF or CRLF)."""
+        if not self._parts and chunk.endswith(b"\n\n"):  # the usual case: whole events
+            self._tail = b"\n\n"
+            if _USAGE in chunk:
+                self._scan(chunk, len(chunk) - 2)
+            return True
+        tail = self._tail
+        if chunk.endswith(b"\n\n"):
+            split = ended = True
+        else:
+            edge = tail + chunk[:2]  # a blank line whose last byte is this chunk's first or second
+            split = b"\n\n" in chunk or edge.find(b"\n\n", max(0, len(tail) - 1)) >= 0
+            ended = split or b"\n\r\n" in chunk or edge.find(b"\n\r\n", max(0, len(tail) - 2)) >= 0
+        self._tail = chunk[-2:] if len(chunk) >= 2 else (tail + chunk)[-2:]
+        parts = self._parts
+        if parts:
+            if not split:
+                self._size += len(chunk)
+                if self._size > _MAX_PENDING:
+                    parts.clear()
+                    self._size = 0
+                else:
+                    parts.append(chunk)
+                return ended
+            parts.append(chunk)
+            data = b"".join(parts)
+            parts.clear()
+            self._size = 0
+        else:
+            data = chunk
+        # Keep what follows the last event boundary (usually nothing), so an event, or the word
+        # "usage" itself, split across chunks is still seen whole.
         end = data.rfind(b"\n\n")
         rest = data[end + 2 :] if end >= 0 else data
-        self._pending = rest if len(rest) < _MAX_PENDING else b""
-        if end < 0 or _USAGE not in data:
-            return
+        if rest and len(rest) < _MAX_PENDING:
+            parts.append(rest)
+            self._size = len(rest)
+        if end >= 0 and _USAGE in data:
+            self._scan(data, end)
+        return ended
+
+    def _scan(self, data: bytes, end: int) -> None:
+        """The usage in the whole events of ``data[:end]``."""
         for event in data[:end].split(b"\n\n"):
             if _USAGE not in event:
                 continue
@@ -57,39 +96,64 @@ class UsageTap:
 
 
 _USAGE_KEY = b'"usage":'
+#: vLLM's usage object is a few hundred bytes with one or two nested objects; past these it is not
+#: cut out, and a body past ``_MAX_FULL_PARSE`` is not parsed whole just to read three counts.
+_MAX_USAGE_BYTES = 4096
+_MAX_NESTED = 16
+_MAX_FULL_PARSE = 1 << 20
 
 
 def usage_of_body(body: bytes) -> dict[str, Any] | None:
     """``usage`` of a non-stream JSON response, or None.
 
-    Only the usage object is parsed when it can be cut out: the last ``"usage":`` followed by a flat
-    object, or one whose only nesting is ``prompt_tokens_details``-style objects (a quote inside a
-    JSON string is escaped, so the key cannot appear in generated text). A long answer's text is then
-    never decoded just to read three counts; anything else falls back to parsing the whole body."""
+    Only the usage object is parsed when it can be cut out: the last ``"usage":`` followed by a
+    small object (a quote inside a JSON string is escaped, so the key cannot appear in generated
+    text). A long answer's text is then never decoded just to read three counts; otherwise a body
+    of moderate size is parsed whole, and a larger one is given up on."""
     at = body.rfind(_USAGE_KEY)
     if at < 0 and _USAGE not in body:
         return None
-    start = at + len(_USAGE_KEY)
-    while start < len(body) and body[start] in b" \t\r\n":
-        start += 1
-    if at >= 0 and body[start : start + 1] == b"{":
-        end = body.find(b"}", start)
-        while end > 0 and body.count(b"{", start, end) > body.count(b"}", start, end + 1):
-            end = body.find(b"}", end + 1)
-        if end > 0:
-            try:
-                usage = orjson.loads(body[start : end + 1])
-            except orjson.JSONDecodeError:
-                pass
-            else:
-                if isinstance(usage, dict):
-                    return usage
+    if at >= 0:
+        usage = _cut_out(body, at + len(_USAGE_KEY))
+        if usage is not None:
+            return usage
+    if len(body) > _MAX_FULL_PARSE:
+        return None
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     found = obj.get("usage") if isinstance(obj, dict) else None
     return found if isinstance(found, dict) else None
+
+
+def _cut_out(body: bytes, start: int) -> dict[str, Any] | None:
+    """The object starting at ``start`` (after blanks), when it is small; each byte scanned once."""
+    while start < len(body) and body[start] in b" \t\r\n":
+        start += 1
+    if body[start : start + 1] != b"{":
+        return None
+    stop = min(len(body), start + _MAX_USAGE_BYTES)
+    depth = 0
+    at = start
+    for _ in range(2 * _MAX_NESTED):  # each turn passes one brace
+        opening = body.find(b"{", at, stop)
+        closing = body.find(b"}", at, stop)
+        if closing < 0:
+            return None
+        if 0 <= opening < closing:
+            depth += 1
+            at = opening + 1
+            continue
+        depth -= 1
+        at = closing + 1
+        if depth == 0:
+            try:
+                usage = orjson.loads(body[start:at])
+            except orjson.JSONDecodeError:
+                return None
+            return usage if isinstance(usage, dict) else None
+    return None
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:

@@ -1,0 +1,79 @@
+"""What crosses the proxied hop in each direction: hop-by-hop fields (and those a Connection field
+names) never do, nor credentials, nor anything in the gateway's own namespace."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.proxy.upstream import HOP_BY_HOP, downstream_headers, upstream_headers
+
+RID = b"rid-1"
+
+
+def test_upstream_drops_what_the_client_connection_names_and_the_gateway_namespace() -> None:
+    client = [
+        (b"content-type", b"application/json"),
+        (b"connection", b"keep-alive, X-Private ,te"),
+        (b"x-private", b"1"),
+        (b"x-taogate-instance", b"forged"),
+        (b"authorization", b"Bearer key"),
+        (b"x-kept", b"yes"),
+    ]
+    out = upstream_headers(client, request_id=RID, tag=b"t")
+    assert out == [
+        (b"content-type", b"application/json"),
+        (b"x-kept", b"yes"),
+        (b"x-request-id", RID),
+        (b"x-request-tag", b"t"),
+    ]
+
+
+def test_a_client_cannot_nominate_the_gateway_s_own_headers_away() -> None:
+    out = upstream_headers([(b"connection", b"x-request-id, x-request-tag")], request_id=RID, tag=b"t")
+    assert out == [(b"x-request-id", RID), (b"x-request-tag", b"t")]
+
+
+def test_downstream_drops_origin_policies_hop_by_hop_and_forged_gateway_headers() -> None:
+    raw = [
+        (b"Content-Type", b"application/json"),
+        (b"Connection", b"close, X-Hop"),
+        (b"X-Hop", b"1"),
+        (b"X-Taogate-Instance", b"forged"),
+        (b"Set-Cookie", b"a=b"),
+        (b"Strict-Transport-Security", b"max-age=1"),
+        (b"Alt-Svc", b'h3=":443"'),
+        (b"Proxy-Authenticate", b"Basic"),
+        (b"Content-Encoding", b"gzip"),
+        (b"Cache-Control", b"no-store"),
+        (b"WWW-Authenticate", b"Bearer"),
+    ]
+    out = downstream_headers(raw, request_id=RID, instance="i0")
+    assert out == [
+        (b"content-type", b"application/json"),
+        (b"content-encoding", b"gzip"),
+        (b"cache-control", b"no-store"),
+        (b"www-authenticate", b"Bearer"),
+        (b"x-request-id", RID),
+        (b"x-taogate-instance", b"i0"),
+    ]
+
+
+names = st.sampled_from(
+    [b"a", b"b", b"x-taogate-x", b"connection", b"keep-alive", b"set-cookie", b"te", b"x-request-id"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(names, st.sampled_from([b"1", b"a, b", b"close", b"x-taogate-x"])), max_size=8))
+def test_property_nothing_hop_by_hop_or_nominated_goes_either_way(headers: list[tuple[bytes, bytes]]) -> None:
+    nominated = {
+        t.strip() for k, v in headers if k == b"connection" for t in v.split(b",") if t.strip() != b"close"
+    }
+    for out in (
+        upstream_headers(headers, request_id=RID, tag=None)[:-1],
+        downstream_headers(headers, request_id=RID, instance="i")[:-2],
+    ):
+        sent = {k for k, _ in out}
+        assert not sent & (HOP_BY_HOP | nominated)
+        assert not any(k.startswith(b"x-taogate-") for k in sent)
