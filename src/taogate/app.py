@@ -24,9 +24,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from taogate.admin import admin_router
 from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized, error_body
 from taogate.gateway import Gateway
+from taogate.info import info_router
 from taogate.observe.dashboard import dashboard
 from taogate.proxy.auth import header
-from taogate.proxy.routes import ROUTES, Route
+from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import Settings
 
@@ -90,10 +91,14 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
     async def health() -> Response:
         return Response(status_code=200)
 
+    def can_serve() -> bool:
+        now = gateway.clock()
+        return gateway.accepting and any(i.available(now) for i in gateway.fleet)
+
     @api.get("/ready")
     async def ready() -> Response:
         now = gateway.clock()
-        if gateway.accepting and any(i.available(now) for i in gateway.fleet):
+        if can_serve():
             return JSONResponse({"ready": True})
         return JSONResponse(
             {"ready": False, "instances": gateway.fleet.describe_unavailable(now)}, status_code=503
@@ -119,11 +124,18 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         history=gateway.history,
         dispatch=lambda: gateway.settings.dispatch,
     )
+    info = info_router(
+        gateway.fleet,
+        lambda: gateway.client,
+        ready=can_serve,
+        in_flight=lambda: gateway.pipeline.in_flight,
+    )
     for base in {"", prefix}:
         api.add_api_route(f"{base}/v1/models", models, methods=["GET"])
         api.add_api_route(f"{base}/metrics", metrics, methods=["GET"])
         api.include_router(admin, prefix=f"{base}/admin")
         api.add_api_route(f"{base}/dashboard", dashboard, methods=["GET", "HEAD"])
+        api.include_router(info, prefix=base)
     return api
 
 
@@ -138,20 +150,26 @@ class TaogateApp:
         self.api = api
         self._routes = dict(routes)
         self.server_options = dict(server_options)
+        prefix = gateway.settings.gateway.prefix
+        self._items = (RESPONSE_ITEM_PREFIX, prefix + RESPONSE_ITEM_PREFIX)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            route = self._routes.get(scope["path"])
+            path = scope["path"]
+            route = self._routes.get(path)
+            if route is None and path.startswith(self._items):
+                route = RESPONSE_ITEM  # a stored response: /v1/responses/{id}[/cancel]
             if route is not None:
-                if scope["method"] == "POST":
+                if scope["method"] in route.methods:
                     await self.gateway.pipeline.handle(route, scope, receive, send)
                     return
-                exc = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}: use POST.")
+                allowed = ", ".join(sorted(route.methods))
+                exc = MethodNotAllowed(f"{scope['method']} is not allowed on {path}: use {allowed}.")
                 await send(
                     {
                         "type": "http.response.start",
                         "status": 405,
-                        "headers": [*exc.headers(), (b"allow", b"POST")],
+                        "headers": [*exc.headers(), (b"allow", allowed.encode())],
                     }
                 )
                 await send({"type": "http.response.body", "body": exc.body()})

@@ -83,6 +83,7 @@ class Gateway:
             queue_size=settings.dispatch.queue_size,
             queue_timeout=settings.dispatch.queue_timeout,
             clock=clock,
+            oldest_every=settings.dispatch.oldest_every,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
@@ -208,6 +209,7 @@ class Gateway:
             self.dispatcher.policy = self._make_policy(settings)
         self.dispatcher.queue_size = d.queue_size
         self.dispatcher.queue_timeout = d.queue_timeout
+        self.dispatcher.oldest_every = d.oldest_every
         self.pipeline.budget.ratio = d.retry.budget_ratio
         self._probe_new()
         self.dispatcher.pump()

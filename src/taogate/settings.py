@@ -29,6 +29,10 @@ log = logging.getLogger("taogate.settings")
 MIN_SAFE_READ_TIMEOUT = 30.0
 
 
+#: vLLM's ``--scheduling-policy``.
+SchedulingPolicy = Literal["fcfs", "priority"]
+
+
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and the fix."""
 
@@ -188,6 +192,12 @@ class DispatchSettings(_Section):
     )
     queue_size: int = Field(default=256, ge=0, description="Gateway wait queue length (0: refuse at once).")
     queue_timeout: float = Field(default=30.0, gt=0, description="Seconds a request may wait in the queue.")
+    oldest_every: int = Field(
+        default=4,
+        ge=1,
+        description="The queue serves lower priority values first, but every this many grants the "
+        "oldest waiter is served whatever its priority (1: plain arrival order).",
+    )
     scrape_interval: float = Field(
         default=1.0, ge=0, description="Seconds between /metrics scrapes of each instance (0: off)."
     )
@@ -251,6 +261,10 @@ class InstanceSettings(_Section):
     weight: float = Field(default=1.0, gt=0, description="Speed prior relative to the others (learned).")
     role: Role = Field(default="any", description="any, long (long inputs only) or short (short only).")
     max_queue: int | None = Field(default=None, ge=1, description="Overrides max_queue_per_instance.")
+    scheduling_policy: SchedulingPolicy = Field(
+        default="fcfs",
+        description="The server's --scheduling-policy: priority classes reach it only if 'priority'.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -279,6 +293,9 @@ class DiscoverySettings(_Section):
     interval: float = Field(default=10.0, gt=0, description="Seconds between re-resolutions.")
     role: Role = Field(default="any", description="Role of discovered instances.")
     api_key_env: str | None = Field(default=None, description="Env var with the instances' own key.")
+    scheduling_policy: SchedulingPolicy = Field(
+        default="fcfs", description="The servers' --scheduling-policy (fcfs or priority)."
+    )
 
     @field_validator("dns")
     @classmethod

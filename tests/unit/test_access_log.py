@@ -43,6 +43,7 @@ records = st.builds(
     queue_wait=st.floats(0, 1e3),
     retries=st.integers(0, 5),
     channel_fallback=st.none() | st.booleans(),
+    priority=st.none() | st.integers(-5, 20),
     error=maybe_text,
 )
 

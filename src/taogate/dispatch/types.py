@@ -85,6 +85,7 @@ class RequestFacts:
     prefix_tokens: int = 0  # estimated tokens the prefix key covers: what a cache hit saves, at least
     stream: bool = False
     max_tokens: int | None = None  # the request's output limit, when it gives one
+    priority: int = 0  # vLLM's priority class: lower values leave the gateway queue first
 
 
 @dataclass(slots=True)

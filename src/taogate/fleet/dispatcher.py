@@ -3,16 +3,19 @@
 ``try_acquire()`` asks ``admission.decide`` (pure) over a fresh snapshot of the fleet (``Fleet.views``):
 
 * ``Send``   → a Lease on that instance, at once;
-* ``Wait``   → every eligible instance is at its cap: join the bounded FIFO gateway queue. Whenever a
+* ``Wait``   → every eligible instance is at its cap: join the bounded gateway queue. Whenever a
   slot frees (a lease is released, an instance comes up, a drain ends, config reloads) ``pump()``
-  hands slots to waiters in arrival order, so no request waits while an eligible instance has room
-  (work-conserving). Queue full or wait too long → 429 with Retry-After from the drain rate;
+  hands slots to waiters by priority class, arrival order within one, the oldest waiter served at
+  least once every ``oldest_every`` grants (``fleet.priority``), so no request waits while an
+  eligible instance has room (work-conserving). Queue full or wait too long → 429 with Retry-After
+  from the drain rate;
 * ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 from collections import deque
@@ -25,6 +28,7 @@ from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wai
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.lease import Lease
+from taogate.fleet.priority import WaitOrder
 
 log = logging.getLogger("taogate.dispatch")
 
@@ -34,6 +38,7 @@ class _Waiter:
     facts: RequestFacts
     exclude: frozenset[str]
     future: asyncio.Future[tuple[Lease, Send]]
+    key: tuple[int, int]  # (priority, arrival number): the queue's order
 
 
 @dataclass(slots=True)
@@ -72,14 +77,24 @@ class Dispatcher:
         queue_size: int,
         queue_timeout: float,
         clock: Callable[[], float],
+        oldest_every: int = 4,
     ) -> None:
         self.fleet = fleet
         self.policy = policy
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
         self._clock = clock
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: WaitOrder[_Waiter] = WaitOrder(oldest_every)
+        self._arrivals = itertools.count()
         self._drain = DrainRate()
+
+    @property
+    def oldest_every(self) -> int:
+        return self._waiters.oldest_every
+
+    @oldest_every.setter
+    def oldest_every(self, value: int) -> None:
+        self._waiters.oldest_every = value
 
     @property
     def queued(self) -> int:
@@ -148,12 +163,12 @@ class Dispatcher:
         return None if isinstance(got, Wait) else got
 
     async def wait_for_slot(self, facts: RequestFacts, exclude: frozenset[str]) -> tuple[Lease, Send, float]:
-        """Join the bounded FIFO queue until ``pump`` hands this request a slot (or 429)."""
+        """Join the bounded queue until ``pump`` hands this request a slot (or 429)."""
         if len(self._waiters) >= self.queue_size:
             raise self._refusal(Refuse("queue_full"), facts)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(facts, exclude, loop.create_future())
-        self._waiters.append(waiter)
+        waiter = _Waiter(facts, exclude, loop.create_future(), (facts.priority, next(self._arrivals)))
+        self._waiters.add(waiter)
         started = self._clock()
         try:
             async with asyncio.timeout(self.queue_timeout):
@@ -189,26 +204,30 @@ class Dispatcher:
             self.pump()
 
     def pump(self) -> None:
-        """Hand free slots to waiters in FIFO order; call whenever capacity may have appeared."""
-        if not self._waiters:
-            return
-        for waiter in list(self._waiters):
-            if waiter.future.done():
-                continue
-            got = self._try(waiter.facts, waiter.exclude)
-            if isinstance(got, Wait):
-                if not self.fleet.any_room(self._clock()):
-                    break  # nothing anywhere has room: later waiters cannot do better
-                continue
-            self._waiters.remove(waiter)
-            if isinstance(got, Refuse):
-                waiter.future.set_exception(self._refusal(got, waiter.facts))
+        """Hand free slots to waiters in the queue's order; call whenever capacity may have appeared.
+        After each grant the order is asked again (a grant may make the oldest waiter due)."""
+        waiters = self._waiters
+        while waiters:
+            for waiter in waiters.offers():
+                if waiter.future.done():
+                    continue
+                got = self._try(waiter.facts, waiter.exclude)
+                if isinstance(got, Wait):
+                    if not self.fleet.any_room(self._clock()):
+                        return  # nothing anywhere has room: later waiters cannot do better
+                    continue
+                if isinstance(got, Refuse):
+                    waiters.remove(waiter)
+                    waiter.future.set_exception(self._refusal(got, waiter.facts))
+                else:
+                    waiters.granted(waiter)
+                    waiter.future.set_result(got)
+                break
             else:
-                waiter.future.set_result(got)
+                return
 
     def fail_all(self, exc: GatewayError) -> None:
         """Shutdown: refuse everyone still waiting."""
-        while self._waiters:
-            w = self._waiters.popleft()
+        for w in self._waiters.pop_all():
             if not w.future.done():
                 w.future.set_exception(exc)

@@ -45,6 +45,7 @@ def specs_from_settings(settings: Settings, environ: Mapping[str, str] | None = 
             weight=item.weight,
             cap=item.max_queue or settings.dispatch.max_queue_per_instance,
             overflow=overflow,
+            priority=item.scheduling_policy == "priority",
         )
 
     out = [spec(i, False) for i in settings.instances]

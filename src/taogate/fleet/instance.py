@@ -50,6 +50,7 @@ class InstanceSpec:
     weight: float = 1.0
     cap: int = 32
     overflow: bool = False
+    priority: bool = False  # started with --scheduling-policy priority: it is told each request's class
 
     @property
     def host(self) -> str:

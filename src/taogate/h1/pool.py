@@ -69,10 +69,15 @@ class Pool:
         return sum(len(v) for v in self._idle.values())
 
     async def request(
-        self, origin: Origin, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        origin: Origin,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        method: bytes = b"POST",
     ) -> Response:
-        """POST ``body`` to ``origin`` + ``path``; returns once the status and headers are in."""
-        parts = [b"POST ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
+        """Send ``body`` to ``origin`` + ``path``; returns once the status and headers are in."""
+        parts = [method, b" ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
         for k, v in headers:
             parts += (k, b": ", v, b"\r\n")
         if origin.basic_auth is not None and not any(k == b"authorization" for k, _ in headers):

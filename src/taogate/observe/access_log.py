@@ -9,7 +9,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
@@ -30,6 +30,7 @@ class RequestRecord:
     prompt_tokens_est: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int = 0  # of the prompt, served by the prefix cache (from usage)
     ttfb: float | None = None
     duration: float = 0.0
     queue_wait: float = 0.0
@@ -37,7 +38,7 @@ class RequestRecord:
     channel_fallback: bool | None = None  # True: sent outside its long/short channel
     error: str | None = None
     reject: str | None = None
-    usage: dict[str, Any] | None = None
+    priority: int | None = None  # the priority class, when not the default (0)
 
 
 _FIELDS = (
@@ -55,6 +56,7 @@ _FIELDS = (
     "queue_wait",
     "retries",
     "channel_fallback",
+    "priority",
     "error",
 )
 
@@ -112,6 +114,8 @@ def _text_line(rec: RequestRecord) -> str:
     parts.append(f"retries={rec.retries}")
     if rec.channel_fallback is not None:
         parts.append(f"channel_fallback={rec.channel_fallback}")
+    if rec.priority is not None:
+        parts.append(f"priority={rec.priority}")
     if rec.error is not None:
         parts.append(f"error={_text(rec.error)}")
     return " ".join(parts)

@@ -17,8 +17,7 @@ from taogate.dispatch.types import RequestFacts
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.lease import Lease
 from taogate.observe.access_log import AccessLog, RequestRecord
-from taogate.observe.metrics import GatewayMetrics
-from taogate.proxy.usage import usage_counts
+from taogate.observe.metrics import GatewayMetrics, priority_label
 
 #: The token estimate converges within a few dozen observations per model; past that, a model's
 #: estimate learns from at most one response per this many seconds: its least-squares update is the
@@ -41,9 +40,7 @@ class Accounting:
 
     def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
         """Calibrate the token estimate and the instance's speed from a successful response."""
-        prompt, completion, cached = usage_counts(rec.usage)
-        rec.prompt_tokens = prompt
-        rec.completion_tokens = completion
+        prompt, completion, cached = rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens
         model = facts.model
         if prompt is not None and model is not None:
             now = self.clock()
@@ -97,7 +94,12 @@ class Accounting:
         instance = rec.instance or "none"
         tag = self.long_tag if rec.long else "none"
         model = rec.model if rec.model is not None and rec.model in self.fleet.models else "unknown"
-        child(m.requests, rec.route, model, instance, f"{rec.status // 100}xx", tag).inc()
+        status_class = f"{rec.status // 100}xx"
+        child(m.requests, rec.route, model, instance, status_class, tag).inc()
+        priority = priority_label(rec.priority or 0)
+        child(m.priority_requests, priority, status_class).inc()
+        if rec.queue_wait:
+            child(m.priority_queue_wait, priority).observe(rec.queue_wait)
         if rec.reject is not None:
             child(m.rejections, rec.reject).inc()
         if rec.channel_fallback:

@@ -5,7 +5,8 @@ the picker). Per-instance state (in-flight, queued prefill, health, breaker, eng
 read from the live objects at scrape time by a collector, so it costs nothing per request.
 
 Label values are bounded: instance names come from config, tags from ``[prefill] tag`` (or ``none``),
-routes from the route table, models from what the instances serve (``unknown`` otherwise).
+routes from the route table, models from what the instances serve (``unknown`` otherwise), priority
+classes clamped to 0-9.
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ from taogate.fleet.engine import hit_rate
 if TYPE_CHECKING:
     from taogate.fleet.dispatcher import Dispatcher
     from taogate.fleet.fleet import Fleet
+
+#: Priority classes as labels: clamped to 0-9, so a client cannot grow the label set.
+_PRIORITY_LABELS = tuple(str(i) for i in range(10))
+
+
+def priority_label(priority: int) -> str:
+    return _PRIORITY_LABELS[min(max(priority, 0), 9)]
+
 
 # From a 5 ms tiny request to a multi-minute long-prefill stream.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
@@ -55,6 +64,19 @@ class GatewayMetrics:
         self.queue_wait = Histogram(
             "taogate_queue_wait_seconds",
             "Time requests waited in the gateway queue for a slot.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.priority_requests = Counter(
+            "taogate_priority_requests",
+            "Requests answered, by priority class (clamped to 0-9) and status class.",
+            ["priority", "status_class"],
+            registry=registry,
+        )
+        self.priority_queue_wait = Histogram(
+            "taogate_priority_queue_wait_seconds",
+            "Time requests waited in the gateway queue for a slot, by priority class (clamped to 0-9).",
+            ["priority"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )

@@ -20,6 +20,8 @@ from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
 from taogate.proxy.auth import header
 from taogate.proxy.deadlines import Deadlines
+from taogate.proxy.multipart import ClientLeft, read_form_head
+from taogate.proxy.priority import HEADER, VLLM_HEADER, resolve
 from taogate.proxy.routes import Route
 from taogate.settings import Settings
 
@@ -125,12 +127,14 @@ def request_facts(
     tokens: TokenEstimator,
     settings: Settings,
     exact: ExactCounter | None = None,
+    priority: int = 0,
 ) -> tuple[RequestFacts, PromptSize]:
     """What dispatch needs to know about one request: size (calibrated estimate), long or not,
     shared-prefix key, stream flag, output limit. Also returns the size features for calibration."""
-    size = prompt_size(route.kind, payload, exact)
+    kind, seen = route.view(payload) if route.view is not None else (route.kind, payload)
+    size = prompt_size(kind, seen, exact)
     estimate = tokens.estimate(model, size)
-    shared = shared_prefix(route.kind, payload) if settings.dispatch.prefix_affinity else None
+    shared = shared_prefix(kind, seen) if settings.dispatch.prefix_affinity else None
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
     return (
         RequestFacts(
@@ -141,6 +145,7 @@ def request_facts(
             prefix_tokens=tokens.estimate(model, shared.size) if shared else 0,
             stream=payload.get("stream") is True,
             max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+            priority=priority,
         ),
         size,
     )
@@ -155,6 +160,9 @@ class Incoming:
     facts: RequestFacts
     size: PromptSize  # the size features, for calibrating the estimate from usage
     tag: bytes | None  # X-Request-Tag upstream: the client's own, plus the long-input tag
+    payload: dict[str, Any] | None = None  # the JSON body, read only
+    tell_priority: int | None = None  # what a priority instance is told (proxy.priority)
+    upload: tuple[list[bytes], bool] | None = None  # a streamed body: what was read, more to come
 
 
 class Intake:
@@ -170,6 +178,8 @@ class Intake:
         self._settings = settings
 
     async def read(self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+        if route.body == "multipart":
+            return await self.read_upload(headers, receive)
         settings = self._settings
         encoding = header(headers, b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
@@ -180,14 +190,39 @@ class Intake:
         g = settings.gateway
         length = header(headers, b"content-length")
         body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
+        if route.body == "none":
+            facts = RequestFacts(None, 1, False, priority=resolve(*self._classes(headers), None, "none")[0])
+            return Incoming(body, None, facts, PromptSize(), self._tag(headers, False))
         payload = parse_json_object(body, g.max_json_items)
         model = model_of(route, payload)
+        priority, tell = resolve(*self._classes(headers), payload, route.priority)
         facts, size = request_facts(
-            route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact
+            route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact, priority=priority
         )
+        return Incoming(body, model, facts, size, self._tag(headers, facts.long), payload, tell)
+
+    @staticmethod
+    def _classes(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes | None]:
+        return header(headers, HEADER), header(headers, VLLM_HEADER)
+
+    def _tag(self, headers: list[tuple[bytes, bytes]], long: bool) -> bytes | None:
         client_tag = header(headers, b"x-request-tag")
         tag = client_tag[:128] if client_tag else None
-        if facts.long:
-            long_tag = settings.prefill.tag.encode()
+        if long:
+            long_tag = self._settings.prefill.tag.encode()
             tag = tag + b"," + long_tag if tag else long_tag
-        return Incoming(body, model, facts, size, tag)
+        return tag
+
+    async def read_upload(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+        """A multipart form: only its head, for the ``model`` field (``proxy.multipart``)."""
+        limit = self._settings.gateway.max_body_bytes
+        declared = header(headers, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        try:
+            head, model, more = await read_form_head(receive, header(headers, b"content-type"), limit)
+        except ClientLeft:
+            raise ClientGone from None
+        priority = resolve(*self._classes(headers), None, "none")[0]
+        facts = RequestFacts(model, 1, False, priority=priority)
+        return Incoming(b"", model, facts, PromptSize(), self._tag(headers, False), upload=(head, more))

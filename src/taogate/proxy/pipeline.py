@@ -35,8 +35,11 @@ from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import DroppedResponses
 from taogate.observe.metrics import GatewayMetrics
 from taogate.proxy.auth import KeyCheck, header
+from taogate.proxy.forward import Forward, plan
 from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
+from taogate.proxy.multipart import ClientLeft
 from taogate.proxy.relay import relay_sse, send_whole
+from taogate.proxy.responses import ResponseIds
 from taogate.proxy.retry import FailureKind, RetryBudget, backoff, classify
 from taogate.proxy.routes import Route
 from taogate.proxy.upstream import (
@@ -66,11 +69,11 @@ class Exchange:
     route: Route
     facts: RequestFacts
     size: PromptSize
-    body: bytes
-    headers: list[tuple[bytes, bytes]]  # what goes upstream (the instance key is added per attempt)
+    forward: Forward  # what goes upstream (per attempt, what the instance alone is told)
     rid: bytes
     send: Send
     rec: RequestRecord
+    exclude: frozenset[str] = frozenset()  # never these (a stored response lives elsewhere)
     started: bool = False  # a response has begun downstream: no more retries, no error JSON
     finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
 
@@ -106,10 +109,16 @@ class Pipeline:
         self.dropped = dropped
         self.clock = clock
         self._rng = rng
+        self.responses = ResponseIds(clock)
         self.accepting = True
         self._active = 0  # requests being handled (for graceful shutdown)
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being handled here now, queued ones included."""
+        return self._active
 
     def configure(self, settings: Settings, keys: KeyCheck) -> None:
         self.settings = settings
@@ -138,7 +147,7 @@ class Pipeline:
             if not self.accepting:
                 raise NoInstance("The gateway is shutting down.", retry_after=1)
             try:
-                self.keys.check(header(headers, b"authorization"))
+                self.keys.check_request(headers, either=route.anthropic)
             except GatewayError:
                 rec.reject = "auth"
                 raise
@@ -148,11 +157,22 @@ class Pipeline:
             rec.model = incoming.model
             rec.prompt_tokens_est = facts.prompt_tokens
             rec.long = facts.long
+            rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
             up_headers = upstream_headers(headers, request_id=rid, tag=incoming.tag)
-            ex = Exchange(route, facts, incoming.size, incoming.body, up_headers, rid, send, rec)
+            forward, exclude = plan(
+                route,
+                scope,
+                self.settings.gateway,
+                up_headers,
+                incoming,
+                ids=self.responses,
+                fleet=self.dispatcher.fleet,
+                receive=receive,
+            )
+            ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
             await self._serve_watching_disconnect(ex, receive)
-        except ClientGone as exc:
+        except (ClientGone, ClientLeft) as exc:
             rec.status = 499
             self.metrics.client_disconnects.inc()
             if isinstance(exc, ClientStalled):  # connected, not reading: the response stays unfinished
@@ -199,6 +219,7 @@ class Pipeline:
         watching = True
         gone = False
         listener: asyncio.Future[Any] | None = None
+        timer: asyncio.TimerHandle
 
         def on_message(fut: asyncio.Future[Any]) -> None:
             nonlocal gone
@@ -208,8 +229,10 @@ class Pipeline:
                 task.cancel()
 
         def watch() -> None:
-            nonlocal listener
-            if watching:
+            nonlocal listener, timer
+            if watching and ex.forward.reading:  # receive() is the streamed body's until its end
+                timer = loop.call_later(WATCH_AFTER, watch)
+            elif watching:
                 listener = asyncio.ensure_future(receive())
                 listener.add_done_callback(on_message)
 
@@ -229,7 +252,7 @@ class Pipeline:
     async def _serve(self, ex: Exchange) -> None:
         """Attempts: acquire a lease, forward, and fail over before the first byte went downstream."""
         retry = self.settings.dispatch.retry
-        exclude: frozenset[str] = frozenset()
+        exclude = ex.exclude
         self.budget.record_request(self.clock())
         attempt = 0
         while True:
@@ -255,6 +278,7 @@ class Pipeline:
                 now = self.clock()
                 return (
                     attempt < retry.max_attempts
+                    and ex.forward.replayable
                     and self.dispatcher.could_send(ex.facts, tried)
                     and self.budget.try_spend(now)
                 )
@@ -305,12 +329,11 @@ class Pipeline:
 
     async def _attempt(self, ex: Exchange, lease: Lease, may_retry: Callable[[], bool]) -> None:
         inst = lease.instance
-        headers = ex.headers
-        if inst.spec.api_key:
-            headers = [*headers, (b"authorization", b"Bearer " + inst.spec.api_key.encode())]
+        forward = ex.forward
+        headers, body = forward.to(inst.spec)
         sent_at = self.clock()
         try:
-            response = await self.upstream.send(inst.spec.url, ex.route.upstream_path, headers, ex.body)
+            response = await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
         except UPSTREAM_ERRORS as exc:
             malformed = isinstance(exc, h1.MalformedResponse)
             self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
@@ -330,8 +353,10 @@ class Pipeline:
                 ex.rec.status = status
             if complete and status < 500:
                 self.events.request_succeeded(inst)
-                if status == 200 and ex.route.generates:
-                    self.accounting.learn(ex.rec, ex.facts, ex.size, lease)
+                if status == 200:
+                    forward.succeeded(inst.name)
+                    if ex.route.generates:
+                        self.accounting.learn(ex.rec, ex.facts, ex.size, lease)
         finally:
             response.close()
 
@@ -372,7 +397,10 @@ class Pipeline:
 
         await send_whole(ex.send, response.status_code, headers, data, last_message)
         if response.status_code == 200:
-            ex.rec.usage = usage_of_body(data)
+            rec = ex.rec
+            rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage_counts(
+                usage_of_body(data)
+            )
 
     async def _relay_stream(
         self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
@@ -403,7 +431,8 @@ class Pipeline:
             on_first_chunk=first_chunk,
             on_last_message=last_message,
         )
-        ex.rec.usage = end.usage
+        rec = ex.rec
+        rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage_counts(end.usage)
         if end.error is not None:
             ex.rec.error = end.error
             ex.rec.status = 502

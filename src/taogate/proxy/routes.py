@@ -2,29 +2,88 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from taogate.errors import OPENAI_ERRORS, ErrorShape
+from taogate.proxy import anthropic, usage
+from taogate.proxy.shapes import batch_view, invocation_view, pooling_view
 
-__all__ = ["ROUTES", "Route", "RouteKind"]
+__all__ = ["RESPONSE_ITEM", "RESPONSE_ITEM_PREFIX", "ROUTES", "Route", "RouteKind"]
 
-RouteKind = Literal["chat", "completions", "embeddings", "responses", "tokenize", "detokenize"]
+RouteKind = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "response_item",
+    "tokenize",
+    "detokenize",
+    "messages",
+    "count_tokens",
+    "chat_batch",
+    "invocations",
+    "pooling",
+    "score",
+    "rerank",
+    "classify",
+    "audio",
+]
+
+#: How a body reads as a shape dispatch measures: (shape, the body as that shape).
+View = Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
+#: (prompt tokens, output tokens, cached tokens) from an answer's ``usage`` object.
+UsageCounts = Callable[[dict[str, Any] | None], tuple[int | None, int | None, int]]
+
+_POST = frozenset({"POST"})
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A proxied route: where it is upstream and what it needs from the body."""
+    """A proxied route: where it is upstream and what it needs from the body.
+
+    ``priority`` says where vLLM reads a request's priority on it: its ``priority`` body field, the
+    ``X-Vllm-Priority`` header only (the Messages API has no such field), or nowhere."""
 
     path: str  # upstream path, e.g. /v1/chat/completions
     kind: RouteKind
     model_required: bool = True
     generates: bool = True  # produces tokens (TTFT and speed samples make sense)
     errors: ErrorShape = OPENAI_ERRORS  # how the gateway's own errors look on this route
+    anthropic: bool = False  # the key may come as x-api-key; usage in Anthropic's fields
+    view: View | None = None  # None: the body is measured as ``kind``
+    priority: Literal["body", "header", "none"] = "body"
+    body: Literal["json", "multipart", "none"] = "json"
+    methods: frozenset[str] = _POST
 
     @property
     def upstream_path(self) -> bytes:
         return self.path.encode()
+
+    @property
+    def usage_counts(self) -> UsageCounts:
+        return anthropic.usage_counts if self.anthropic else usage.usage_counts
+
+
+def _anthropic(path: str, kind: RouteKind, *, generates: bool, priority: Literal["header", "none"]) -> Route:
+    return Route(
+        path,
+        kind,
+        generates=generates,
+        errors=anthropic.ANTHROPIC_ERRORS,
+        anthropic=True,
+        view=anthropic.chat_view,
+        priority=priority,
+    )
+
+
+def _pooling(path: str, kind: RouteKind) -> Route:
+    return Route(path, kind, model_required=False, generates=False, view=pooling_view)
+
+
+def _audio(path: str) -> Route:
+    return Route(path, "audio", model_required=False, generates=False, priority="none", body="multipart")
 
 
 ROUTES: tuple[Route, ...] = (
@@ -32,6 +91,32 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/completions", "completions"),
     Route("/v1/embeddings", "embeddings", generates=False),
     Route("/v1/responses", "responses"),
-    Route("/tokenize", "tokenize", model_required=False, generates=False),
-    Route("/detokenize", "detokenize", model_required=False, generates=False),
+    Route("/tokenize", "tokenize", model_required=False, generates=False, priority="none"),
+    Route("/detokenize", "detokenize", model_required=False, generates=False, priority="none"),
+    _anthropic("/v1/messages", "messages", generates=True, priority="header"),
+    _anthropic("/v1/messages/count_tokens", "count_tokens", generates=False, priority="none"),
+    Route("/v1/chat/completions/batch", "chat_batch", model_required=False, generates=False, view=batch_view),
+    Route("/invocations", "invocations", model_required=False, generates=False, view=invocation_view),
+    _pooling("/pooling", "pooling"),
+    _pooling("/classify", "classify"),
+    _pooling("/score", "score"),
+    _pooling("/v1/score", "score"),
+    _pooling("/rerank", "rerank"),
+    _pooling("/v1/rerank", "rerank"),
+    _pooling("/v2/rerank", "rerank"),
+    _audio("/v1/audio/transcriptions"),
+    _audio("/v1/audio/translations"),
+)
+
+#: ``/v1/responses/{id}`` (GET, DELETE) and ``/v1/responses/{id}/cancel`` (POST): sent to the
+#: instance that holds the response; the upstream path is the request's own.
+RESPONSE_ITEM_PREFIX = "/v1/responses/"
+RESPONSE_ITEM = Route(
+    RESPONSE_ITEM_PREFIX,
+    "response_item",
+    model_required=False,
+    generates=False,
+    priority="none",
+    body="none",
+    methods=frozenset({"GET", "POST", "DELETE"}),
 )

@@ -26,7 +26,10 @@ import httpx
 from taogate import h1
 from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
 from taogate.proxy.auth import CREDENTIAL_HEADERS
+from taogate.proxy.multipart import StreamedBody
+from taogate.proxy.priority import VLLM_HEADER
 from taogate.proxy.retry import FailureKind
+from taogate.proxy.streamed import StreamedResponse, StreamedUploads
 from taogate.settings import GatewaySettings
 
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the relay recomputes; never forwarded either way.
@@ -45,7 +48,16 @@ HOP_BY_HOP = frozenset(
         b"expect",
     }
 )
-_DROP_UP = HOP_BY_HOP | CREDENTIAL_HEADERS | {b"x-request-tag", b"x-request-id", b"accept-encoding"}
+_DROP_UP = (
+    HOP_BY_HOP
+    | CREDENTIAL_HEADERS
+    | {
+        b"x-request-tag",
+        b"x-request-id",
+        b"accept-encoding",
+        VLLM_HEADER,  # the gateway decides what an instance is told (proxy.priority)
+    }
+)
 #: From an instance's answer, besides the hop-by-hop ones: what the gateway says itself (date,
 #: server, request id), and what would speak for the gateway's origin to every client, which no
 #: instance behind one key may: cookies, HSTS, alternative services, proxy authentication.
@@ -88,7 +100,7 @@ class AttemptFailure(Exception):
 
 
 #: What the relay reads: status, headers, then the body as it arrives (see h1.Response).
-UpstreamResponse = h1.Response
+UpstreamResponse = h1.Response | StreamedResponse
 
 
 class Upstream:
@@ -108,6 +120,7 @@ class Upstream:
             max_headers=cfg.max_response_headers,
         )
         self._origins: dict[str, h1.Origin] = {}
+        self.uploads = StreamedUploads(cfg)
 
     def configure(self, cfg: GatewaySettings) -> None:
         """Timeouts follow a reload; the pool size is fixed for the process's life."""
@@ -116,19 +129,28 @@ class Upstream:
         self.pool.pool_timeout = cfg.request_timeout
         self.pool.max_header_bytes = cfg.max_response_header_bytes
         self.pool.max_headers = cfg.max_response_headers
+        self.uploads.configure(cfg)
 
     def send(
-        self, base_url: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+        self,
+        base_url: str,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | StreamedBody,
+        method: bytes = b"POST",
     ) -> Coroutine[Any, Any, UpstreamResponse]:
-        """POST ``body`` to the instance at ``base_url``; awaiting it returns once status and headers
+        """Send ``body`` to the instance at ``base_url``; awaiting it returns once status and headers
         are in. The pool's coroutine itself, not one more around it: this is once per request."""
+        if isinstance(body, StreamedBody):
+            return self.uploads.send(base_url, path, headers, body)
         origin = self._origins.get(base_url)
         if origin is None:
             origin = self._origins[base_url] = h1.Origin.parse(base_url)
-        return self.pool.request(origin, path, headers, body)
+        return self.pool.request(origin, path, headers, body, method)
 
     async def aclose(self) -> None:
         await self.pool.aclose()
+        await self.uploads.aclose()
 
 
 def translate(exc: BaseException) -> tuple[FailureKind, str]:

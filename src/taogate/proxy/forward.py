@@ -1,0 +1,146 @@
+"""What one request sends upstream, and what only some instances are told.
+
+The body and headers are the client's (minus credentials and hop-by-hop headers); per attempt,
+since a retry may go elsewhere, the instance's own key is added, a priority instance is told the
+request's class (``proxy.priority``), and a Responses request that named no id is given one that
+names the instance (``proxy.responses``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Receive
+
+from taogate.errors import NotFound
+from taogate.fleet.instance import Instance, InstanceSpec
+from taogate.proxy.intake import Incoming
+from taogate.proxy.multipart import StreamedBody
+from taogate.proxy.priority import VLLM_HEADER
+from taogate.proxy.responses import ResponseIds
+from taogate.proxy.routes import RESPONSE_ITEM_PREFIX, Route
+from taogate.proxy.splice import with_fields
+from taogate.settings import GatewaySettings
+
+__all__ = ["Forward", "chosen_request_id", "item_id", "plan", "upstream_path"]
+
+
+@dataclass(slots=True)
+class Forward:
+    """One request's upstream side: method, path, headers and body, and the per-instance parts."""
+
+    method: bytes
+    path: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes | StreamedBody
+    tell_priority: int | None = None  # the class to tell priority instances (None: nothing to tell)
+    priority_in_body: bool = True  # where: the body's field, or X-Vllm-Priority
+    ids: ResponseIds | None = None  # a Responses request's ids are minted or remembered here
+    mint: bool = False  # give the response an id that names its instance
+    chosen_id: str | None = None  # the id the client chose: remembered once the answer is in
+
+    def to(self, spec: InstanceSpec) -> tuple[list[tuple[bytes, bytes]], bytes | StreamedBody]:
+        headers, body = self.headers, self.body
+        if spec.api_key:
+            headers = [*headers, (b"authorization", b"Bearer " + spec.api_key.encode())]
+        fields: list[bytes] = []
+        told = self.tell_priority
+        if told is not None and spec.priority:
+            if self.priority_in_body:
+                fields.append(b'"priority":' + str(told).encode())
+            else:
+                headers = [*headers, (VLLM_HEADER, str(told).encode())]
+        if self.mint and self.ids is not None:
+            fields.append(b'"request_id":"' + self.ids.mint(spec.name).encode() + b'"')
+        if fields and isinstance(body, bytes):
+            body = with_fields(body, b",".join(fields))
+        return headers, body
+
+    @property
+    def reading(self) -> bool:
+        """Whether the client's body is still arriving (its ``receive`` is the body's)."""
+        return isinstance(self.body, StreamedBody) and not self.body.done
+
+    @property
+    def replayable(self) -> bool:
+        """Whether another attempt can send the body again (a streamed one only before it started)."""
+        return not isinstance(self.body, StreamedBody) or not self.body.started
+
+    def succeeded(self, instance: str) -> None:
+        if self.chosen_id is not None and self.ids is not None:
+            self.ids.remember(self.chosen_id, instance)
+
+
+def upstream_path(route: Route, path: str, prefix: str, query: bytes) -> bytes:
+    """The path upstream: the route's, or for a stored response the request's own (less the
+    gateway's prefix); the query string goes along."""
+    if route.body == "none":
+        if prefix and path.startswith(prefix + "/"):
+            path = path[len(prefix) :]
+        out = path.encode()
+    else:
+        out = route.upstream_path
+    return out + b"?" + query if query else out
+
+
+def item_id(path: bytes) -> str:
+    """The response id of ``/v1/responses/{id}`` or ``.../{id}/cancel``; NotFound for other paths."""
+    rest = path.split(b"?", 1)[0].decode()[len(RESPONSE_ITEM_PREFIX) :]
+    parts = rest.split("/")
+    if not parts[0] or len(parts) > 2 or (len(parts) == 2 and parts[1] != "cancel"):
+        raise NotFound(f"Unknown path {RESPONSE_ITEM_PREFIX}{rest}.")
+    return parts[0]
+
+
+def chosen_request_id(payload: dict[str, Any]) -> str | None:
+    value = payload.get("request_id")
+    return value if isinstance(value, str) and value else None
+
+
+def plan(
+    route: Route,
+    scope: dict[str, Any],
+    cfg: GatewaySettings,
+    headers: list[tuple[bytes, bytes]],
+    incoming: Incoming,
+    *,
+    ids: ResponseIds,
+    fleet: Iterable[Instance],
+    receive: Receive,
+) -> tuple[Forward, frozenset[str]]:
+    """The request's upstream side, and the instances it must not go to (all but the one that holds
+    the stored response it is about, when there is one)."""
+    path = upstream_path(route, scope["path"], cfg.prefix, scope.get("query_string", b""))
+    body: bytes | StreamedBody = incoming.body
+    if incoming.upload is not None:
+        head, more = incoming.upload
+        body = StreamedBody(head, receive, more=more, limit=cfg.max_body_bytes)
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None:
+            headers = [*headers, (b"content-length", length)]
+    forward = Forward(
+        scope["method"].encode(),
+        path,
+        headers,
+        body,
+        incoming.tell_priority,
+        route.priority == "body",
+    )
+    owner: str | None = None
+    instances: list[str] = []
+    if route.body == "none":
+        instances = [i.name for i in fleet]
+        owner = ids.owner(item_id(path), instances)
+    elif route.kind == "responses" and incoming.payload is not None:
+        payload = incoming.payload
+        previous = payload.get("previous_response_id")
+        if isinstance(previous, str) and previous:
+            instances = [i.name for i in fleet]
+            owner = ids.owner(previous, instances)
+        forward.ids = ids
+        forward.chosen_id = chosen_request_id(payload)
+        forward.mint = forward.chosen_id is None
+    exclude = frozenset(i for i in instances if i != owner) if owner is not None else frozenset()
+    return forward, exclude

@@ -1,0 +1,159 @@
+"""Multipart uploads (the audio routes): streamed upstream as they arrive, never held whole.
+
+Only the head of the form is read before dispatch, to find its ``model`` field: the OpenAI SDK
+writes the data fields before the file, so ``model`` is usually there within the first few hundred
+bytes. Reading stops at the first file part (or after ``HEAD_LIMIT`` bytes); a form whose ``model``
+comes after its file is dispatched without one, as vLLM then serves its default model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Final
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.types import Receive
+
+from taogate.errors import BodyTooLarge
+
+__all__ = ["HEAD_LIMIT", "FormHead", "StreamedBody", "read_form_head"]
+
+HEAD_LIMIT: Final = 64 * 1024
+
+
+class ClientLeft(Exception):
+    """The client went away while its body was being streamed (the pipeline's ``ClientGone``)."""
+
+
+class FormHead:
+    """Feeds a form's bytes to a streaming parser until the ``model`` field or a file is met."""
+
+    def __init__(self, boundary: bytes) -> None:
+        self.model: str | None = None
+        self.done = False
+        self._field = b""
+        self._value = b""
+        self._name: bytes | None = None
+        self._file = False
+        self._data: bytearray | None = None
+        self._parser = MultipartParser(
+            boundary,
+            {
+                "on_header_field": self._on_field,
+                "on_header_value": self._on_value,
+                "on_header_end": self._on_header_end,
+                "on_headers_finished": self._on_headers_finished,
+                "on_part_data": self._on_data,
+                "on_part_end": self._on_part_end,
+                "on_end": self._on_end,
+            },
+        )
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.done:
+            try:
+                self._parser.write(chunk)
+            except Exception:  # a malformed form is the instance's to refuse; dispatch without a model
+                self.done = True
+
+    def _on_field(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+
+    def _on_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def _on_header_end(self) -> None:
+        if self._field.lower() == b"content-disposition":
+            _, options = parse_options_header(self._value)
+            self._name = options.get(b"name")
+            self._file = b"filename" in options
+        self._field = self._value = b""
+
+    def _on_headers_finished(self) -> None:
+        if self._file:
+            self.done = True  # the file begins: the fields before it are all there is to read
+        elif self._name == b"model":
+            self._data = bytearray()
+
+    def _on_data(self, data: bytes, start: int, end: int) -> None:
+        if self._data is not None:
+            self._data += data[start:end]
+
+    def _on_part_end(self) -> None:
+        if self._data is not None:
+            self.model = self._data.decode("utf-8", "replace").strip() or None
+            self.done = True
+        self._name, self._file = None, False
+
+    def _on_end(self) -> None:
+        self.done = True
+
+
+def _boundary(content_type: bytes | None) -> bytes | None:
+    if content_type is None:
+        return None
+    kind, options = parse_options_header(content_type)
+    return options.get(b"boundary") if kind == b"multipart/form-data" else None
+
+
+async def read_form_head(
+    receive: Receive, content_type: bytes | None, limit: int
+) -> tuple[list[bytes], str | None, bool]:
+    """The chunks read before dispatch, the form's ``model`` if found there, and whether more
+    of the body is still to come."""
+    boundary = _boundary(content_type)
+    form = FormHead(boundary) if boundary else None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+        more = bool(message.get("more_body", False))
+        if form is not None:
+            form.feed(chunk)
+        if not more or form is None or form.done or size >= HEAD_LIMIT:
+            return chunks, form.model if form is not None else None, more
+
+
+def too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"Request body exceeds {limit} bytes ([gateway] max_body_bytes).")
+
+
+class StreamedBody:
+    """A request body sent upstream as it arrives: the chunks already read, then the rest.
+
+    ``started`` once an attempt began sending it (another attempt cannot send it again);
+    ``done`` once the client's last byte has been read."""
+
+    def __init__(self, head: list[bytes], receive: Receive, *, more: bool, limit: int) -> None:
+        self._head = head
+        self._receive = receive
+        self._limit = limit
+        self._size = sum(len(c) for c in head)
+        self.started = False
+        self.done = not more
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        self.started = True
+        for chunk in self._head:
+            yield chunk
+        while not self.done:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientLeft
+            chunk = message.get("body", b"")
+            self._size += len(chunk)
+            if self._size > self._limit:
+                raise too_large(self._limit)
+            self.done = not message.get("more_body", False)
+            if chunk:
+                yield chunk

@@ -1,0 +1,94 @@
+"""Stateful Responses: every request about a stored response goes to the instance that holds it.
+
+vLLM keeps stored responses in its own process, so ``previous_response_id``, ``GET`` and ``cancel``
+only work where the response was made. A response's id is the request's ``request_id`` body field,
+which vLLM takes as given; so when the client did not choose one, the gateway does, naming the
+instance it sends the request to: ``resp_<instance token>_<16 hex>``, the token a hash of the
+instance's name. Any replica with the same instances decodes it, with no state shared and nothing
+to expire. An id the client chose is remembered here instead (bounded, with expiry), so it routes
+through this replica only.
+
+When the instance an id names is no longer in the fleet, the answer is the one vLLM gives for an
+unknown id; an id the gateway cannot place goes wherever dispatch sends it, to be answered there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from typing import Final
+
+import orjson
+
+from taogate.errors import NotFound
+
+__all__ = ["ResponseIds", "ResponseNotFound"]
+
+_OURS: Final = re.compile(r"resp_([0-9a-f]{8})_[0-9a-f]{16}")
+
+
+class ResponseNotFound(NotFound):
+    """vLLM's own answer for a response id it does not hold."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.", param="response_id")
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": "invalid_request_error", "param": "response_id"}
+        return orjson.dumps({"error": {**error, "code": 404}})
+
+
+def token(instance: str) -> str:
+    return hashlib.blake2b(instance.encode(), digest_size=4, person=b"taogate-resp").hexdigest()
+
+
+class ResponseIds:
+    """Mints self-routing ids and remembers the ids clients chose (at most ``limit``, ``ttl`` s)."""
+
+    def __init__(self, clock: Callable[[], float], *, limit: int = 100_000, ttl: float = 86_400.0) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._ttl = ttl
+        self._chosen: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id → (instance, expiry)
+        self._tokens: dict[str, str] = {}
+
+    def _token(self, instance: str) -> str:
+        found = self._tokens.get(instance)
+        if found is None:
+            if len(self._tokens) > 4096:  # names come from config and discovery: bounded anyway
+                self._tokens.clear()
+            found = self._tokens[instance] = token(instance)
+        return found
+
+    def mint(self, instance: str) -> str:
+        return f"resp_{self._token(instance)}_{os.urandom(8).hex()}"
+
+    def remember(self, response_id: str, instance: str) -> None:
+        chosen = self._chosen
+        chosen[response_id] = (instance, self._clock() + self._ttl)
+        chosen.move_to_end(response_id)
+        while len(chosen) > self._limit:
+            chosen.popitem(last=False)
+
+    def owner(self, response_id: str, instances: Collection[str]) -> str | None:
+        """The instance holding ``response_id``, None when unknown; ResponseNotFound when the
+        instance it was made on has left the fleet."""
+        known = self._chosen.get(response_id)
+        if known is not None:
+            instance, expiry = known
+            if expiry < self._clock():
+                del self._chosen[response_id]
+            elif instance in instances:
+                return instance
+            else:
+                raise ResponseNotFound(response_id)
+        match = _OURS.fullmatch(response_id)
+        if match is None:
+            return None
+        for instance in instances:
+            if self._token(instance) == match.group(1):
+                return instance
+        raise ResponseNotFound(response_id)
