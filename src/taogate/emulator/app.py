@@ -4,11 +4,17 @@ Endpoints (vLLM's OpenAI-compatible server plus emulator controls):
 
 ====================================  =========================================================
 ``GET  /health``                      200 empty body; 503 with the ``unhealthy`` fault
+``GET|POST /ping``                    200 empty body (SageMaker's health check, as in vLLM)
+``GET  /load``                        ``{"server_load": N}``: requests being served
 ``GET  /v1/models``                   one model, ``owned_by: "vllm"``, with ``max_model_len``
 ``GET  /version``                     ``{"version": ...}``
 ``POST /v1/completions``              text completions, stream or not (see ``generation``)
 ``POST /v1/chat/completions``         chat completions, stream or not
 ``POST /v1/embeddings``               deterministic unit vectors (float or base64)
+``POST /v1/messages``                 the Anthropic Messages API over chat (see ``anthropic``)
+``POST /v1/messages/count_tokens``    the prompt's tokens
+``POST /v1/responses``                Responses over chat, stored per process (``responses_api``)
+``GET  /v1/responses/{id}``           a stored response; ``POST .../cancel``
 ``POST /tokenize`` / ``/detokenize``  the emulator's tokenizer (see ``tokenizer``)
 ``GET  /metrics``                     Prometheus text, vLLM metric names
 ``GET|POST /emulator/faults``         read / merge run-time faults
@@ -24,6 +30,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from taogate.emulator.anthropic import handle_count_tokens, handle_messages
 from taogate.emulator.asgi import read_body, send_bytes
 from taogate.emulator.clock import Clock
 from taogate.emulator.config import EmulatorConfig, FaultsError
@@ -32,6 +39,7 @@ from taogate.emulator.generation import handle_embeddings, handle_generation
 from taogate.emulator.instance import EmulatorInstance
 from taogate.emulator.metrics import CONTENT_TYPE
 from taogate.emulator.protocol import parse_chat, parse_completion, parse_json, tokenize_ids
+from taogate.emulator.responses_api import PREFIX, handle_response_item, handle_responses
 
 __all__ = ["VLLM_VERSION", "EmulatorApp", "create_emulator_app"]
 
@@ -47,6 +55,14 @@ def _json(payload: Any) -> bytes:
 
 async def _health(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
     await send_bytes(send, 503 if inst.faults.unhealthy else 200, b"")
+
+
+async def _ping(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
+    await send_bytes(send, 503 if inst.faults.unhealthy else 200, b"")
+
+
+async def _load(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
+    await send_bytes(send, 200, _json({"server_load": inst.book.in_flight}))
 
 
 async def _models(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
@@ -124,6 +140,8 @@ async def _chat(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Se
 
 _ROUTES: dict[str, tuple[frozenset[str], Handler]] = {
     "/health": (frozenset({"GET"}), _health),
+    "/ping": (frozenset({"GET", "POST"}), _ping),
+    "/load": (frozenset({"GET"}), _load),
     "/v1/models": (frozenset({"GET"}), _models),
     "/version": (frozenset({"GET"}), _version),
     "/metrics": (frozenset({"GET"}), _metrics),
@@ -131,6 +149,9 @@ _ROUTES: dict[str, tuple[frozenset[str], Handler]] = {
     "/v1/chat/completions": (frozenset({"POST"}), _chat),
     "/v1/embeddings": (frozenset({"POST"}), handle_embeddings),
     "/tokenize": (frozenset({"POST"}), _tokenize),
+    "/v1/messages": (frozenset({"POST"}), handle_messages),
+    "/v1/messages/count_tokens": (frozenset({"POST"}), handle_count_tokens),
+    "/v1/responses": (frozenset({"POST"}), handle_responses),
     "/detokenize": (frozenset({"POST"}), _detokenize),
     "/emulator/faults": (frozenset({"GET", "POST"}), _faults),
     "/emulator/stats": (frozenset({"GET"}), _stats),
@@ -152,6 +173,8 @@ class EmulatorApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = _ROUTES.get(scope["path"].rstrip("/") or "/")
+        if route is None and scope["path"].startswith(PREFIX):
+            route = (frozenset({"GET", "POST", "DELETE"}), handle_response_item)
         if route is None:
             # FastAPI's shape, which is what vLLM answers for unknown paths.
             await send_bytes(send, 404, b'{"detail":"Not Found"}')

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -123,6 +124,7 @@ def emulate(
             instant=instant,
             faults=faults,
             seed=seed,
+            responses_store=os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE") == "1",
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -96,6 +96,7 @@ class EmulatorConfig:
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
     records_kept: int = 1_000
+    responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE=1: /v1/responses keeps responses
 
     def __post_init__(self) -> None:
         positive = {

@@ -46,6 +46,8 @@ class EmulatorInstance:
         )
         self._ids = itertools.count()
         self.closing = asyncio.Event()  # set on shutdown: wakes requests held by the ``hang`` fault
+        # Stored Responses (with ``responses_store``): id → (the response, its conversation).
+        self.responses: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
 
     # -- public handle ---------------------------------------------------------------------------
 

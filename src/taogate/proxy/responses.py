@@ -19,13 +19,13 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
 from taogate.errors import NotFound
 
-__all__ = ["ResponseIds", "ResponseNotFound"]
+__all__ = ["ResponseIds", "ResponseNotFound", "usage_counts"]
 
 _OURS: Final = re.compile(r"resp_([0-9a-f]{8})_[0-9a-f]{16}")
 
@@ -92,3 +92,18 @@ class ResponseIds:
             if self._token(instance) == match.group(1):
                 return instance
         raise ResponseNotFound(response_id)
+
+
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
+    """(prompt tokens, output tokens, cached tokens) from a Response's usage object."""
+    if usage is None:
+        return None, None, 0
+    prompt = usage.get("input_tokens")
+    output = usage.get("output_tokens")
+    details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return (
+        prompt if isinstance(prompt, int) else None,
+        output if isinstance(output, int) else None,
+        cached if isinstance(cached, int) else 0,
+    )

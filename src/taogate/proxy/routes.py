@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from taogate.errors import OPENAI_ERRORS, ErrorShape
-from taogate.proxy import anthropic, usage
+from taogate.proxy import anthropic, responses, usage
 from taogate.proxy.shapes import batch_view, invocation_view, pooling_view
 
 __all__ = ["RESPONSE_ITEM", "RESPONSE_ITEM_PREFIX", "ROUTES", "Route", "RouteKind"]
@@ -63,7 +63,9 @@ class Route:
 
     @property
     def usage_counts(self) -> UsageCounts:
-        return anthropic.usage_counts if self.anthropic else usage.usage_counts
+        if self.anthropic:
+            return anthropic.usage_counts
+        return responses.usage_counts if self.kind == "responses" else usage.usage_counts
 
 
 def _anthropic(path: str, kind: RouteKind, *, generates: bool, priority: Literal["header", "none"]) -> Route:

@@ -91,6 +91,8 @@ class UsageTap:
             return
         if isinstance(obj, dict):
             usage = obj.get("usage")
+            if usage is None and isinstance(obj.get("response"), dict):  # Responses: response.completed
+                usage = obj["response"].get("usage")
             if isinstance(usage, dict):
                 self.usage = usage
 
