@@ -47,7 +47,7 @@ async def test_six_chained_calls_across_two_instances_all_succeed(gateway_factor
             assert len({instance for _, instance in served}) == 1  # each turn where its history is
             assert all(rid.startswith(f"resp_{token(served[0][1])}_") for rid, _ in served)
         # The conversation really continued: the instance saw each turn's history.
-        last, instance = chains[0][-1]
+        last = chains[0][-1][0]
         stored = await client.responses.retrieve(last)
         assert stored.id == last and stored.usage is not None and stored.usage.input_tokens > 20
         streamed = await client.responses.create(

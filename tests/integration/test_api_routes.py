@@ -5,70 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import openai
-import orjson
 import pytest
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.serving import serve_asgi
 from tests.conftest import KEY, GatewayFactory, gateway_settings, serve, wait_until
+from tests.integration.recording import Upstream
 
 AUTH = {"authorization": f"Bearer {KEY}"}
 POOLING = ["/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"]
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    chunks: int
-
-
-@dataclass
-class Upstream:
-    """An instance serving one model on every route: it answers what it was sent."""
-
-    model: str
-    seen: list[Seen] = field(default_factory=list)
-    first_chunk: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message.get("body"):
-                chunks.append(message["body"])
-                self.first_chunk.set()
-            if not message.get("more_body"):
-                break
-        path = scope["path"]
-        if path == "/v1/models":
-            body: dict[str, Any] = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
-        elif scope["method"] == "GET":  # health probes
-            body = {}
-        else:
-            headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-            self.seen.append(Seen(scope["method"], path, headers, b"".join(chunks), len(chunks)))
-            body = (
-                {"text": "transcribed"}
-                if path.startswith("/v1/audio/")
-                else {"model": self.model, "path": path}
-            )
-        data = orjson.dumps(body)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
 
 
 @pytest.fixture
@@ -76,7 +24,8 @@ async def pair() -> AsyncIterator[tuple[Upstream, Upstream, str]]:
     """A reranker and a speech model, and a gateway in front of both."""
     rerank, speech = Upstream("reranker"), Upstream("whisper")
     async with serve_asgi(rerank) as a, serve_asgi(speech) as b:
-        async with serve(gateway_settings([a.url, b.url], dispatch={"scrape_interval": 0})) as gw:
+        settings = gateway_settings([a.url, b.url], dispatch={"scrape_interval": 0})
+        async with serve(settings) as gw:
             await wait_until(lambda: all(i.models for i in gw.gateway.fleet), what="models learned")
             yield rerank, speech, gw.url
 

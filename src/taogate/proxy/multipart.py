@@ -70,6 +70,8 @@ class FormHead:
         self._field = self._value = b""
 
     def _on_headers_finished(self) -> None:
+        if self.done:  # the parser goes on through the rest of the chunk it was given
+            return
         if self._file:
             self.done = True  # the file begins: the fields before it are all there is to read
         elif self._name == b"model":
@@ -83,7 +85,7 @@ class FormHead:
         if self._data is not None:
             self.model = self._data.decode("utf-8", "replace").strip() or None
             self.done = True
-        self._name, self._file = None, False
+        self._name, self._file, self._data = None, False, None
 
     def _on_end(self) -> None:
         self.done = True
