@@ -27,7 +27,7 @@ from taogate import h1
 from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
 from taogate.proxy.auth import CREDENTIAL_HEADERS
 from taogate.proxy.multipart import StreamedBody
-from taogate.proxy.priority import VLLM_HEADER
+from taogate.proxy.priority import HEADER, VLLM_HEADER
 from taogate.proxy.retry import FailureKind
 from taogate.proxy.streamed import StreamedResponse, StreamedUploads
 from taogate.settings import GatewaySettings
@@ -55,7 +55,8 @@ _DROP_UP = (
         b"x-request-tag",
         b"x-request-id",
         b"accept-encoding",
-        VLLM_HEADER,  # the gateway decides what an instance is told (proxy.priority)
+        HEADER,  # the gateway's own (proxy.priority)
+        VLLM_HEADER,  # the gateway decides what an instance is told
     }
 )
 #: From an instance's answer, besides the hop-by-hop ones: what the gateway says itself (date,
