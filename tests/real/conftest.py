@@ -104,8 +104,9 @@ def vllm_pair(prepared: Prepared, say: Say, report: Say) -> Iterator[Pair]:
     cores = cpus()
     specs = [
         # KV events cost the engine next to nothing and let tests watch its prefix cache directly.
-        ServerSpec("fast", prepared.models.dirs["fast"], cpu=cores[0], kv_events=True),
-        ServerSpec("slow", prepared.models.dirs["slow"], cpu=cores[1 % len(cores)]),
+        # The Responses store costs nothing until a Responses request and lets stored ones chain.
+        ServerSpec("fast", prepared.models.dirs["fast"], cpu=cores[0], kv_events=True, responses_store=True),
+        ServerSpec("slow", prepared.models.dirs["slow"], cpu=cores[1 % len(cores)], responses_store=True),
     ]
     started = time.monotonic()
     try:
