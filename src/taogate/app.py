@@ -172,7 +172,7 @@ class TaogateApp:
                         "headers": [*exc.headers(), (b"allow", allowed.encode())],
                     }
                 )
-                await send({"type": "http.response.body", "body": exc.body()})
+                await send({"type": "http.response.body", "body": route.errors.body(exc)})
                 return
         await self.api(scope, receive, send)
 

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.policy import make_policy
-from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest
 from taogate.fleet.dispatcher import Dispatcher
-from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.fleet.lease import Lease
 from taogate.fleet.priority import WaitOrder
 from taogate.proxy.multipart import FormHead
 from taogate.proxy.priority import priority_of, resolve
 from taogate.proxy.splice import with_fields
-from taogate.settings import InstanceSettings, Settings
+from tests.unit.test_dispatcher import one_slot_fleet
 
 
 def test_the_class_comes_from_x_priority_then_x_vllm_priority_then_the_body() -> None:
@@ -93,18 +89,8 @@ def test_property_the_oldest_waiter_is_never_passed_over_every_times(
 
 
 def one_slot(oldest_every: int) -> tuple[Dispatcher, Lease]:
-    s = Settings(instances=[InstanceSettings(url="http://127.0.0.1:9", max_queue=1)])
-    fleet = Fleet(s, SpeedEstimator())
-    fleet.apply(s, specs_from_settings(s, {}))
-    next(iter(fleet)).health.record(True, 0.0)
-    d = Dispatcher(
-        fleet,
-        make_policy("least_busy"),
-        queue_size=1000,
-        queue_timeout=30,
-        clock=time.monotonic,
-        oldest_every=oldest_every,
-    )
+    _, d = one_slot_fleet(queue_timeout=30)
+    d.queue_size, d.oldest_every = 1000, oldest_every
     held = d.try_acquire(RequestFacts(None, 10, False))
     assert held is not None
     return d, held[0]

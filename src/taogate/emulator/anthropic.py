@@ -23,6 +23,7 @@ from taogate.emulator.errors import ApiError, bad_request
 from taogate.emulator.generation import handle_generation
 from taogate.emulator.instance import EmulatorInstance
 from taogate.emulator.protocol import GenerationRequest, parse_chat, parse_json
+from taogate.emulator.rewrite import Rewrite
 
 __all__ = ["handle_count_tokens", "handle_messages"]
 
@@ -112,41 +113,20 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
-class _Converter:
-    """An ASGI ``send`` that rewrites the chat answer into the Messages API's, as it is sent."""
+class _Converter(Rewrite):
+    """The chat answer rewritten into the Messages API's, as it is sent."""
 
     def __init__(self, send: Send, prompt_tokens: int, stream: bool) -> None:
-        self._send = send
+        super().__init__(send, stream)
         self._prompt = prompt_tokens
-        self._stream = stream
-        self._status = 200
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._held: list[bytes] = []
         self._started = False  # message_start sent
         self._block = False  # a text block is open
         self._finish = "stop"
 
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self._status = message["status"]
-            self._headers = [(k, v) for k, v in message.get("headers", []) if k != b"content-length"]
-            if self._status == 200 and self._stream:
-                await self._send(message)
-            return
-        body: bytes = message.get("body", b"")
-        more = bool(message.get("more_body", False))
-        if self._status == 200 and self._stream:
-            out = b"".join(self._events(body))
-            await self._send({"type": "http.response.body", "body": out, "more_body": more})
-            return
-        self._held.append(body)
-        if more:
-            return
-        whole = b"".join(self._held)
-        data = self._full(whole) if self._status == 200 else _anthropic_error(self._status, whole)
-        await send_bytes(self._send, self._status, data, headers=self._headers)
+    def error(self, status: int, body: bytes) -> bytes:
+        return _anthropic_error(status, body)
 
-    def _full(self, body: bytes) -> bytes:
+    def whole(self, body: bytes) -> bytes:
         chat = orjson.loads(body)
         choice = chat["choices"][0]
         out = {
@@ -160,7 +140,7 @@ class _Converter:
         }
         return orjson.dumps(out)
 
-    def _events(self, body: bytes) -> list[bytes]:
+    def events(self, body: bytes) -> list[bytes]:
         out: list[bytes] = []
         for raw in body.split(b"\n\n"):
             if not raw.startswith(b"data: "):

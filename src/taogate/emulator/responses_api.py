@@ -23,6 +23,7 @@ from taogate.emulator.errors import bad_request
 from taogate.emulator.generation import handle_generation
 from taogate.emulator.instance import EmulatorInstance
 from taogate.emulator.protocol import GenerationRequest, parse_chat, parse_json
+from taogate.emulator.rewrite import Rewrite
 
 __all__ = ["handle_response_item", "handle_responses"]
 
@@ -78,44 +79,24 @@ def _response(rid: str, payload: dict[str, Any], model: str, status: str, text: 
     }
 
 
-class _Converter:
-    """An ASGI ``send`` that turns the chat answer into a Response, and stores it when done."""
+class _Converter(Rewrite):
+    """The chat answer rewritten into a Response as it is sent; stored when done."""
 
     def __init__(
         self, inst: EmulatorInstance, send: Send, rid: str, payload: dict[str, Any], model: str
     ) -> None:
-        self._inst, self._send, self._rid, self._payload, self._model = inst, send, rid, payload, model
-        self._stream = payload.get("stream") is True
-        self._status = 200
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._held: list[bytes] = []
+        super().__init__(send, payload.get("stream") is True)
+        self._inst, self._rid, self._payload, self._model = inst, rid, payload, model
         self._text: list[str] = []
         self._seq = 0
         self.messages: list[dict[str, Any]] = []  # the conversation, stored with the response
         self.store = False
 
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self._status = message["status"]
-            self._headers = [(k, v) for k, v in message.get("headers", []) if k != b"content-length"]
-            if self._status == 200 and self._stream:
-                await self._send(message)
-            return
-        body: bytes = message.get("body", b"")
-        more = bool(message.get("more_body", False))
-        if self._status == 200 and self._stream:
-            out = b"".join(self._events(body))
-            await self._send({"type": "http.response.body", "body": out, "more_body": more})
-            return
-        self._held.append(body)
-        if more:
-            return
-        whole = b"".join(self._held)
-        if self._status == 200:
-            chat = orjson.loads(whole)
-            done = self._finish(chat["choices"][0]["message"].get("content") or "", chat.get("usage"))
-            whole = orjson.dumps(done)
-        await send_bytes(self._send, self._status, whole, headers=self._headers)
+    def whole(self, body: bytes) -> bytes:
+        chat = orjson.loads(body)
+        return orjson.dumps(
+            self._finish(chat["choices"][0]["message"].get("content") or "", chat.get("usage"))
+        )
 
     def _finish(self, text: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         response = _response(self._rid, self._payload, self._model, "completed", text)
@@ -138,7 +119,7 @@ class _Converter:
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
-    def _events(self, body: bytes) -> list[bytes]:
+    def events(self, body: bytes) -> list[bytes]:
         out: list[bytes] = []
         item = {"id": "msg_" + self._rid[-16:], "content": [], "role": "assistant"}
         where = {"content_index": 0, "item_id": item["id"], "output_index": 0}

@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Receive
-
 from taogate.errors import NotFound
 from taogate.fleet.instance import Instance, InstanceSpec
 from taogate.proxy.intake import Incoming
@@ -22,7 +20,6 @@ from taogate.proxy.priority import VLLM_HEADER
 from taogate.proxy.responses import ResponseIds
 from taogate.proxy.routes import RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.splice import with_fields
-from taogate.settings import GatewaySettings
 
 __all__ = ["Forward", "chosen_request_id", "item_id", "plan", "upstream_path"]
 
@@ -43,6 +40,8 @@ class Forward:
 
     def to(self, spec: InstanceSpec) -> tuple[list[tuple[bytes, bytes]], bytes | StreamedBody]:
         headers, body = self.headers, self.body
+        if self.tell_priority is None and not self.mint and not spec.api_key:
+            return headers, body  # the common case: nothing to add
         if spec.api_key:
             headers = [*headers, (b"authorization", b"Bearer " + spec.api_key.encode())]
         fields: list[bytes] = []
@@ -102,21 +101,19 @@ def chosen_request_id(payload: dict[str, Any]) -> str | None:
 def plan(
     route: Route,
     scope: dict[str, Any],
-    cfg: GatewaySettings,
+    prefix: str,
     headers: list[tuple[bytes, bytes]],
     incoming: Incoming,
     *,
     ids: ResponseIds,
     fleet: Iterable[Instance],
-    receive: Receive,
 ) -> tuple[Forward, frozenset[str]]:
     """The request's upstream side, and the instances it must not go to (all but the one that holds
     the stored response it is about, when there is one)."""
-    path = upstream_path(route, scope["path"], cfg.prefix, scope.get("query_string", b""))
+    path = upstream_path(route, scope["path"], prefix, scope.get("query_string", b""))
     body: bytes | StreamedBody = incoming.body
     if incoming.upload is not None:
-        head, more = incoming.upload
-        body = StreamedBody(head, receive, more=more, limit=cfg.max_body_bytes)
+        body = incoming.upload
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None:
             headers = [*headers, (b"content-length", length)]

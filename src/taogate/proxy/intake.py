@@ -20,7 +20,7 @@ from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
 from taogate.proxy.auth import header
 from taogate.proxy.deadlines import Deadlines
-from taogate.proxy.multipart import ClientLeft, read_form_head
+from taogate.proxy.multipart import ClientLeft, StreamedBody
 from taogate.proxy.priority import HEADER, VLLM_HEADER, resolve
 from taogate.proxy.routes import Route
 from taogate.settings import Settings
@@ -162,7 +162,7 @@ class Incoming:
     tag: bytes | None  # X-Request-Tag upstream: the client's own, plus the long-input tag
     payload: dict[str, Any] | None = None  # the JSON body, read only
     tell_priority: int | None = None  # what a priority instance is told (proxy.priority)
-    upload: tuple[list[bytes], bool] | None = None  # a streamed body: what was read, more to come
+    upload: StreamedBody | None = None  # a body streamed upstream as it arrives
 
 
 class Intake:
@@ -203,7 +203,14 @@ class Intake:
 
     @staticmethod
     def _classes(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes | None]:
-        return header(headers, HEADER), header(headers, VLLM_HEADER)
+        """X-Priority and X-Vllm-Priority, in one pass over the headers."""
+        ours = theirs = None
+        for k, v in headers:
+            if k == HEADER:
+                ours = ours if ours is not None else v
+            elif k == VLLM_HEADER:
+                theirs = theirs if theirs is not None else v
+        return ours, theirs
 
     def _tag(self, headers: list[tuple[bytes, bytes]], long: bool) -> bytes | None:
         client_tag = header(headers, b"x-request-tag")
@@ -219,10 +226,11 @@ class Intake:
         declared = header(headers, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(limit)
+        upload = StreamedBody(receive, limit)
         try:
-            head, model, more = await read_form_head(receive, header(headers, b"content-type"), limit)
+            model = await upload.read_model(header(headers, b"content-type"))
         except ClientLeft:
             raise ClientGone from None
         priority = resolve(*self._classes(headers), None, "none")[0]
         facts = RequestFacts(model, 1, False, priority=priority)
-        return Incoming(b"", model, facts, PromptSize(), self._tag(headers, False), upload=(head, more))
+        return Incoming(b"", model, facts, PromptSize(), self._tag(headers, False), upload=upload)

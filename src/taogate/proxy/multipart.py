@@ -16,7 +16,7 @@ from starlette.types import Receive
 
 from taogate.errors import BodyTooLarge
 
-__all__ = ["HEAD_LIMIT", "FormHead", "StreamedBody", "read_form_head"]
+__all__ = ["HEAD_LIMIT", "ClientLeft", "FormHead", "StreamedBody"]
 
 HEAD_LIMIT: Final = 64 * 1024
 
@@ -98,48 +98,48 @@ def _boundary(content_type: bytes | None) -> bytes | None:
     return options.get(b"boundary") if kind == b"multipart/form-data" else None
 
 
-async def read_form_head(
-    receive: Receive, content_type: bytes | None, limit: int
-) -> tuple[list[bytes], str | None, bool]:
-    """The chunks read before dispatch, the form's ``model`` if found there, and whether more
-    of the body is still to come."""
-    boundary = _boundary(content_type)
-    form = FormHead(boundary) if boundary else None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientLeft
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-        more = bool(message.get("more_body", False))
-        if form is not None:
-            form.feed(chunk)
-        if not more or form is None or form.done or size >= HEAD_LIMIT:
-            return chunks, form.model if form is not None else None, more
-
-
 def too_large(limit: int) -> BodyTooLarge:
     return BodyTooLarge(f"Request body exceeds {limit} bytes ([gateway] max_body_bytes).")
 
 
 class StreamedBody:
-    """A request body sent upstream as it arrives: the chunks already read, then the rest.
+    """A request body sent upstream as it arrives: the head read before dispatch, then the rest.
 
     ``started`` once an attempt began sending it (another attempt cannot send it again);
     ``done`` once the client's last byte has been read."""
 
-    def __init__(self, head: list[bytes], receive: Receive, *, more: bool, limit: int) -> None:
-        self._head = head
+    def __init__(self, receive: Receive, limit: int) -> None:
         self._receive = receive
         self._limit = limit
-        self._size = sum(len(c) for c in head)
+        self._size = 0
+        self._head: list[bytes] = []
         self.started = False
-        self.done = not more
+        self.done = False
+
+    async def _read(self) -> bytes:
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            raise ClientLeft
+        chunk: bytes = message.get("body", b"")
+        self._size += len(chunk)
+        if self._size > self._limit:
+            raise too_large(self._limit)
+        self.done = not message.get("more_body", False)
+        return chunk
+
+    async def read_model(self, content_type: bytes | None) -> str | None:
+        """Read the form's head; its ``model`` field if it comes before the first file."""
+        boundary = _boundary(content_type)
+        form = FormHead(boundary) if boundary else None
+        while not self.done and self._size < HEAD_LIMIT:
+            chunk = await self._read()
+            self._head.append(chunk)
+            if form is None:
+                break
+            form.feed(chunk)
+            if form.done:
+                break
+        return form.model if form is not None else None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks()
@@ -149,13 +149,6 @@ class StreamedBody:
         for chunk in self._head:
             yield chunk
         while not self.done:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                raise ClientLeft
-            chunk = message.get("body", b"")
-            self._size += len(chunk)
-            if self._size > self._limit:
-                raise too_large(self._limit)
-            self.done = not message.get("more_body", False)
+            chunk = await self._read()
             if chunk:
                 yield chunk

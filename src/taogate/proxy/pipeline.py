@@ -163,12 +163,11 @@ class Pipeline:
             forward, exclude = plan(
                 route,
                 scope,
-                self.settings.gateway,
+                self.settings.gateway.prefix,
                 up_headers,
                 incoming,
                 ids=self.responses,
                 fleet=self.dispatcher.fleet,
-                receive=receive,
             )
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
             await self._serve_watching_disconnect(ex, receive)

@@ -65,6 +65,8 @@ def resolve(
 ) -> tuple[int, int | None]:
     """(the request's class, what a priority instance must be told, None when nothing): a class
     from a header is told unless the body already says it where vLLM reads it (``where``)."""
+    if header is None and vllm_header is None and (payload is None or "priority" not in payload):
+        return 0, None  # the common case: the default class, nothing to tell
     own = priority_of(None, None, payload) if payload is not None and where != "none" else 0
     priority = own if header is None and vllm_header is None else priority_of(header, vllm_header, None)
     if where == "none":

@@ -24,6 +24,7 @@ from typing import Any, Final
 import orjson
 
 from taogate.errors import NotFound
+from taogate.proxy.usage import counts
 
 __all__ = ["ResponseIds", "ResponseNotFound", "usage_counts"]
 
@@ -96,14 +97,4 @@ class ResponseIds:
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
     """(prompt tokens, output tokens, cached tokens) from a Response's usage object."""
-    if usage is None:
-        return None, None, 0
-    prompt = usage.get("input_tokens")
-    output = usage.get("output_tokens")
-    details = usage.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return (
-        prompt if isinstance(prompt, int) else None,
-        output if isinstance(output, int) else None,
-        cached if isinstance(cached, int) else 0,
-    )
+    return counts(usage, "input_tokens", "output_tokens", "input_tokens_details")

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["UsageTap", "usage_counts", "usage_of_body"]
+__all__ = ["UsageTap", "counts", "usage_counts", "usage_of_body"]
 
 _USAGE = b'"usage"'
 _MAX_PENDING = 256 * 1024
@@ -158,16 +158,23 @@ def _cut_out(body: bytes, start: int) -> dict[str, Any] | None:
     return None
 
 
-def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
-    """(prompt_tokens, completion_tokens, cached_tokens) from an OpenAI usage object."""
+def counts(
+    usage: dict[str, Any] | None, prompt_key: str, output_key: str, details_key: str
+) -> tuple[int | None, int | None, int]:
+    """(prompt tokens, output tokens, cached tokens) from a usage object with these key names."""
     if usage is None:
         return None, None, 0
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details")
+    prompt = usage.get(prompt_key)
+    completion = usage.get(output_key)
+    details = usage.get(details_key)
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return (
         prompt if isinstance(prompt, int) else None,
         completion if isinstance(completion, int) else None,
         cached if isinstance(cached, int) else 0,
     )
+
+
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
+    """(prompt_tokens, completion_tokens, cached_tokens) from an OpenAI usage object."""
+    return counts(usage, "prompt_tokens", "completion_tokens", "prompt_tokens_details")
