@@ -1,8 +1,9 @@
 """``create_app(settings)``: the ASGI application.
 
-Proxied POST routes are served by a thin ASGI layer straight into the gateway's request pipeline
-(no per-request framework routing, validation or response objects on the hot path). Everything
-else (health, readiness, models, metrics, admin) is a small FastAPI app behind it. Both answer
+Proxied routes (``proxy.routes``: POSTs, and the stored responses under ``/v1/responses/``) are
+served by a thin ASGI layer straight into the gateway's request pipeline (no per-request framework
+routing, validation or response objects on the hot path). Everything else (health, readiness,
+models, metrics, vLLM's /version, /ping and /load, admin) is a small FastAPI app behind it. Both answer
 under the plain paths and under the path of ``[gateway] base_url`` (e.g. ``/api/v1/...``).
 ``serve_gateway`` runs the whole on loopback for the demo, the benchmarks and the tests.
 """
