@@ -67,7 +67,7 @@ async def test_six_chained_responses_on_the_real_store(gw: RunningGateway, vllm_
                 previous_response_id=previous,
             )
             reply = raw.parse()
-            assert reply.status == "completed", reply
+            assert reply.status == "incomplete" and reply.output, reply  # three tokens: cut short
             served.add(raw.headers["x-taogate-instance"])
             previous = reply.id
         assert len(served) == 1 and previous is not None

@@ -6,7 +6,8 @@ conversation that led to it, for ``previous_response_id``, ``GET /v1/responses/{
 ``POST /v1/responses/{id}/cancel``, and never evicted; with it off nothing is kept. An id the store
 does not hold gets 404 ``Response with id '<id>' not found.`` (param ``response_id``); cancelling a
 finished response gets 400 ``Cannot cancel a synchronous response.``. A stream is
-``event: <type>`` / ``data:`` pairs from ``response.created`` to ``response.completed``.
+``event: <type>`` / ``data:`` pairs from ``response.created`` to ``response.completed``. A response
+cut at ``max_output_tokens`` has the status ``incomplete``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class _Converter(Rewrite):
         super().__init__(send, payload.get("stream") is True)
         self._inst, self._rid, self._payload, self._model = inst, rid, payload, model
         self._text: list[str] = []
+        self._reason: str | None = None
         self._seq = 0
         self.messages: list[dict[str, Any]] = []  # the conversation, stored with the response
         self.store = False
@@ -95,11 +97,19 @@ class _Converter(Rewrite):
     def whole(self, body: bytes) -> bytes:
         chat = orjson.loads(body)
         return orjson.dumps(
-            self._finish(chat["choices"][0]["message"].get("content") or "", chat.get("usage"))
+            self._finish(
+                chat["choices"][0]["message"].get("content") or "",
+                chat.get("usage"),
+                chat["choices"][0].get("finish_reason"),
+            )
         )
 
-    def _finish(self, text: str, usage: dict[str, Any] | None) -> dict[str, Any]:
-        response = _response(self._rid, self._payload, self._model, "completed", text)
+    def _finish(self, text: str, usage: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
+        # A response cut at max_output_tokens is "incomplete", as vLLM reports it.
+        status = "incomplete" if reason == "length" else "completed"
+        response = _response(self._rid, self._payload, self._model, status, text)
+        if status == "incomplete":
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
         if usage:
             details = usage.get("prompt_tokens_details") or {}
             response["usage"] = {
@@ -142,12 +152,14 @@ class _Converter(Rewrite):
                 out.append(self._event("response.content_part.added", **where, part=part))
             choices = chunk.get("choices") or []
             text = (choices[0].get("delta") or {}).get("content") if choices else None
+            if choices and choices[0].get("finish_reason"):
+                self._reason = choices[0]["finish_reason"]
             if text:
                 self._text.append(text)
                 out.append(self._event("response.output_text.delta", **where, delta=text, logprobs=[]))
             if not choices and "usage" in chunk:
                 whole = "".join(self._text)
-                done = self._finish(whole, chunk["usage"])
+                done = self._finish(whole, chunk["usage"], self._reason)
                 out.append(self._event("response.output_text.done", **where, text=whole, logprobs=[]))
                 part = {"annotations": [], "text": whole, "type": "output_text"}
                 out.append(self._event("response.content_part.done", **where, part=part))
