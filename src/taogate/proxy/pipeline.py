@@ -110,6 +110,7 @@ class Pipeline:
         self.clock = clock
         self._rng = rng
         self.responses = ResponseIds(clock)
+        self._prefix = settings.gateway.prefix  # a property that parses base_url: read once
         self.accepting = True
         self._active = 0  # requests being handled (for graceful shutdown)
         self._idle = asyncio.Event()
@@ -123,6 +124,7 @@ class Pipeline:
     def configure(self, settings: Settings, keys: KeyCheck) -> None:
         self.settings = settings
         self.keys = keys
+        self._prefix = settings.gateway.prefix
         self.intake.configure(settings)
 
     async def drain(self, grace: float) -> None:
@@ -163,7 +165,7 @@ class Pipeline:
             forward, exclude = plan(
                 route,
                 scope,
-                self.settings.gateway.prefix,
+                self._prefix,
                 up_headers,
                 incoming,
                 ids=self.responses,
@@ -227,15 +229,16 @@ class Pipeline:
                 gone = True
                 task.cancel()
 
-        def watch() -> None:
+        def watch(again: Callable[..., None]) -> None:
+            # ``again`` is this function: passed in, so that it does not hold itself in a cycle.
             nonlocal listener, timer
             if watching and ex.forward.reading:  # receive() is the streamed body's until its end
-                timer = loop.call_later(WATCH_AFTER, watch)
+                timer = loop.call_later(WATCH_AFTER, again, again)
             elif watching:
                 listener = asyncio.ensure_future(receive())
                 listener.add_done_callback(on_message)
 
-        timer = loop.call_later(WATCH_AFTER, watch)
+        timer = loop.call_later(WATCH_AFTER, watch, watch)
         try:
             await self._serve(ex)
         except asyncio.CancelledError:
@@ -397,9 +400,7 @@ class Pipeline:
         await send_whole(ex.send, response.status_code, headers, data, last_message)
         if response.status_code == 200:
             rec = ex.rec
-            rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage_counts(
-                usage_of_body(data)
-            )
+            rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage(usage_of_body(data))
 
     async def _relay_stream(
         self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
@@ -431,7 +432,7 @@ class Pipeline:
             on_last_message=last_message,
         )
         rec = ex.rec
-        rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage_counts(end.usage)
+        rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage(end.usage)
         if end.error is not None:
             ex.rec.error = end.error
             ex.rec.status = 502

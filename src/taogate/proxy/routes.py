@@ -56,16 +56,11 @@ class Route:
     priority: Literal["body", "header", "none"] = "body"
     body: Literal["json", "multipart", "none"] = "json"
     methods: frozenset[str] = _POST
+    usage: UsageCounts = usage.usage_counts  # the counts in this API's usage object
 
     @property
     def upstream_path(self) -> bytes:
         return self.path.encode()
-
-    @property
-    def usage_counts(self) -> UsageCounts:
-        if self.anthropic:
-            return anthropic.usage_counts
-        return responses.usage_counts if self.kind == "responses" else usage.usage_counts
 
 
 def _anthropic(path: str, kind: RouteKind, *, generates: bool, priority: Literal["header", "none"]) -> Route:
@@ -77,6 +72,7 @@ def _anthropic(path: str, kind: RouteKind, *, generates: bool, priority: Literal
         anthropic=True,
         view=anthropic.chat_view,
         priority=priority,
+        usage=anthropic.usage_counts,
     )
 
 
@@ -92,7 +88,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", "chat"),
     Route("/v1/completions", "completions"),
     Route("/v1/embeddings", "embeddings", generates=False),
-    Route("/v1/responses", "responses"),
+    Route("/v1/responses", "responses", usage=responses.usage_counts),
     Route("/tokenize", "tokenize", model_required=False, generates=False, priority="none"),
     Route("/detokenize", "detokenize", model_required=False, generates=False, priority="none"),
     _anthropic("/v1/messages", "messages", generates=True, priority="header"),
