@@ -20,17 +20,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from taogate.dispatch.types import STRATEGIES, Role, Strategy
+from taogate.dispatch.types import STRATEGIES, Role, SchedulingPolicy, Strategy
 
 log = logging.getLogger("taogate.settings")
 
 
 #: Read timeouts below this make long prefills time out and retry, which deepens queues.
 MIN_SAFE_READ_TIMEOUT = 30.0
-
-
-#: vLLM's ``--scheduling-policy``.
-SchedulingPolicy = Literal["fcfs", "priority"]
 
 
 class ConfigError(Exception):
@@ -192,12 +188,7 @@ class DispatchSettings(_Section):
     )
     queue_size: int = Field(default=256, ge=0, description="Gateway wait queue length (0: refuse at once).")
     queue_timeout: float = Field(default=30.0, gt=0, description="Seconds a request may wait in the queue.")
-    oldest_every: int = Field(
-        default=4,
-        ge=1,
-        description="The queue serves lower priority values first, but every this many grants the "
-        "oldest waiter is served whatever its priority (1: plain arrival order).",
-    )
+    oldest_every: int = Field(default=4, ge=1, description="The queue's oldest waiter goes every N grants.")
     scrape_interval: float = Field(
         default=1.0, ge=0, description="Seconds between /metrics scrapes of each instance (0: off)."
     )
@@ -261,10 +252,7 @@ class InstanceSettings(_Section):
     weight: float = Field(default=1.0, gt=0, description="Speed prior relative to the others (learned).")
     role: Role = Field(default="any", description="any, long (long inputs only) or short (short only).")
     max_queue: int | None = Field(default=None, ge=1, description="Overrides max_queue_per_instance.")
-    scheduling_policy: SchedulingPolicy = Field(
-        default="fcfs",
-        description="The server's --scheduling-policy: priority classes reach it only if 'priority'.",
-    )
+    scheduling_policy: SchedulingPolicy = Field(default="fcfs", description="Its --scheduling-policy.")
 
     @field_validator("url")
     @classmethod
@@ -293,9 +281,6 @@ class DiscoverySettings(_Section):
     interval: float = Field(default=10.0, gt=0, description="Seconds between re-resolutions.")
     role: Role = Field(default="any", description="Role of discovered instances.")
     api_key_env: str | None = Field(default=None, description="Env var with the instances' own key.")
-    scheduling_policy: SchedulingPolicy = Field(
-        default="fcfs", description="The servers' --scheduling-policy (fcfs or priority)."
-    )
 
     @field_validator("dns")
     @classmethod

@@ -45,7 +45,6 @@ def discovered_specs(
                 api_key=key,
                 role=cfg.role,
                 cap=settings.dispatch.max_queue_per_instance,
-                priority=cfg.scheduling_policy == "priority",
             )
         )
     return out

@@ -17,6 +17,9 @@ from typing import Final, Literal, get_args
 #: An instance's channel: any request, long inputs only, or short ones only.
 Role = Literal["any", "long", "short"]
 
+#: vLLM's ``--scheduling-policy``: only ``priority`` instances act on a request's priority class.
+SchedulingPolicy = Literal["fcfs", "priority"]
+
 #: ``[dispatch] strategy``: how the dispatcher ranks the instances that may take a request.
 Strategy = Literal["least_busy", "round_robin"]
 STRATEGIES: Final[tuple[str, ...]] = get_args(Strategy)

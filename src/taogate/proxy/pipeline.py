@@ -162,15 +162,8 @@ class Pipeline:
             rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
             up_headers = upstream_headers(headers, request_id=rid, tag=incoming.tag)
-            forward, exclude = plan(
-                route,
-                scope,
-                self._prefix,
-                up_headers,
-                incoming,
-                ids=self.responses,
-                fleet=self.dispatcher.fleet,
-            )
+            ids, fleet = self.responses, self.dispatcher.fleet
+            forward, exclude = plan(route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet)
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
             await self._serve_watching_disconnect(ex, receive)
         except (ClientGone, ClientLeft) as exc:
@@ -188,7 +181,8 @@ class Pipeline:
             if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
                 rec.reject = exc.code
             if ex is None or not ex.started:
-                await _send_error(send, route.errors, exc, rid, close=not read)
+                unread = not read or (ex is not None and ex.forward.reading)  # an upload cut short
+                await _send_error(send, route.errors, exc, rid, close=unread)
         except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
             log.exception("request %s failed inside the gateway", rid.decode())
             rec.status = 500
