@@ -73,6 +73,7 @@ def _cache_labels(config: EmulatorConfig) -> dict[str, str]:
         "kv_cache_size_tokens": str(tokens),
         "kv_offloading_backend": "native",
         "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
         "mamba_block_size": "None",
         "mamba_cache_dtype": "auto",
         "mamba_cache_mode": "none",

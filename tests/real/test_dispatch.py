@@ -1,0 +1,88 @@
+"""Dispatch on the real fast + slow pair, with the gateway's default config: the fast card gets most
+of the work whatever the traffic, the slow card is flagged within a minute, and stale engine stats
+are said so."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+
+import httpx
+import pytest
+
+from tests.real.conftest import Pair, Say
+from tests.real.gateway import admin_rows, real_gateway, traffic
+from tests.real.server import SERVED_MODEL
+
+FLAG_WITHIN = 60.0  # seconds from the gateway's start
+
+
+@pytest.mark.parametrize(
+    ("stream", "concurrency"),
+    [(False, 1), (True, 1), (False, 4), (True, 4)],
+    ids=["plain-sequential", "stream-sequential", "plain-concurrent", "stream-concurrent"],
+)
+async def test_the_fast_card_gets_most_of_the_work_and_the_slow_one_is_flagged(
+    vllm_pair: Pair, report: Say, caplog: pytest.LogCaptureFixture, stream: bool, concurrency: int
+) -> None:
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    requests = 30 if concurrency == 1 else 40
+    kind = f"{'stream' if stream else 'plain'}, {concurrency} at a time"
+    started = time.monotonic()
+    async with real_gateway(vllm_pair.servers) as gw:
+        served = await traffic(gw, requests=requests, concurrency=concurrency, stream=stream)
+        took = time.monotonic() - started
+        share = served["fast"] / requests
+        report(f"{kind}: the fast card served {served['fast']}/{requests} ({share:.0%}) in {took:.1f} s")
+        while not (rows := await admin_rows(gw))["slow"]["slow"]:
+            if time.monotonic() - started > FLAG_WITHIN:
+                break
+            await asyncio.sleep(0.5)
+        flagged = time.monotonic() - started
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            text = (await http.get(gw.url + "/metrics")).text
+    learned = {n: (r["speed"], r["speed_samples"], r["relative_speed"], r["slow"]) for n, r in rows.items()}
+    report(f"{kind}: learned (speed, samples, relative, slow) {learned}; {flagged:.1f} s after start")
+    assert share >= 0.8, (served, learned)
+    assert rows["slow"]["slow"], (learned, caplog.text[-3000:])
+    assert re.search(r'^taogate_instance_slow\{instance="slow"\} 1\.0$', text, re.M)
+    assert re.search(r'^taogate_instance_slow\{instance="fast"\} 0\.0$', text, re.M)
+    assert "instance slow is slow" in caplog.text
+
+
+async def test_stale_engine_stats_are_said_so(vllm_pair: Pair, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's /metrics answers slowly while its engine works: a scrape that takes longer than the
+    scrape interval, and stats that grow too old to trust, each get a log line and a metric."""
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    body = {
+        "model": SERVED_MODEL,
+        "prompt": "go on",
+        "max_tokens": 3000,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    dispatch = {"warmup_tokens": 0, "scrape_interval": 0.05, "health_timeout": 0.2}
+    async with (
+        real_gateway(vllm_pair.servers, dispatch=dispatch) as gw,
+        httpx.AsyncClient(timeout=60, trust_env=False) as http,
+    ):
+        load = [
+            asyncio.ensure_future(http.post(s.url + "/v1/completions", json=body)) for s in vllm_pair.servers
+        ]
+        try:
+            deadline = time.monotonic() + 30
+            while "scrape of /metrics took" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                await asyncio.sleep(0.1)
+            text = (await http.get(gw.url + "/metrics")).text
+        finally:
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+    durations = [
+        float(v) for v in re.findall(r"^taogate_engine_scrape_duration_seconds\{[^}]*\} (\S+)$", text, re.M)
+    ]
+    assert durations and max(durations) > 0.05, text
+    assert "taogate_engine_stats_stale{" in text
