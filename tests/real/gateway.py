@@ -25,6 +25,16 @@ WORDS: tuple[str, ...] = ("the", "gateway", "sends", "each", "request", "to", "t
 WORDS += ("the", "least", "prefill", "work", "queued", "and", "learns")
 
 
+#: A generation that keeps a card busy for seconds (random weights rarely stop on their own).
+LONG_GENERATION: dict[str, Any] = {
+    "model": SERVED_MODEL,
+    "prompt": "go on",
+    "max_tokens": 3000,
+    "temperature": 0,
+    "ignore_eos": True,
+}
+
+
 def unique_prompt(words: int, rng: random.Random | None = None) -> str:
     """A prompt no other request shares a cache block with (~1.45 tokens per word here)."""
     rng = rng or random.Random()

@@ -15,7 +15,15 @@ import openai
 import pytest
 
 from tests.real.conftest import Pair
-from tests.real.gateway import admin_rows, engine_metrics, real_gateway, running, sdk, unique_prompt
+from tests.real.gateway import (
+    LONG_GENERATION,
+    admin_rows,
+    engine_metrics,
+    real_gateway,
+    running,
+    sdk,
+    unique_prompt,
+)
 from tests.real.server import SERVED_MODEL, VllmServer
 
 IDS = ("id", "created", "created_at")  # what differs between two identical answers
@@ -124,13 +132,7 @@ async def test_unknown_path_advice_fits_the_path(vllm_pair: Pair) -> None:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 async def test_a_client_that_leaves_frees_the_running_slot(vllm_pair: Pair, stream: bool) -> None:
-    body = {
-        "model": SERVED_MODEL,
-        "prompt": "go on",
-        "max_tokens": 3000,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
+    body = LONG_GENERATION
     async with (
         real_gateway(vllm_pair.servers, dispatch=NO_WARMUP) as gw,
         httpx.AsyncClient(timeout=60, trust_env=False) as http,
@@ -172,40 +174,31 @@ async def test_a_client_that_leaves_frees_the_running_slot(vllm_pair: Pair, stre
 
 async def test_admin_rows_show_what_vllm_reports(vllm_pair: Pair) -> None:
     fast = vllm_pair.fast
-    body = {
-        "model": SERVED_MODEL,
-        "prompt": "go on",
-        "max_tokens": 2500,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
+    body = LONG_GENERATION
     async with (
         real_gateway(vllm_pair.servers, dispatch=NO_WARMUP) as gw,
         httpx.AsyncClient(timeout=60, trust_env=False) as http,
+        # Straight to vLLM, past the gateway: only the scrape can tell the gateway about it. Streamed:
+        # vLLM's /metrics hardly answers while it generates a long non-streamed answer.
+        http.stream("POST", fast.url + "/v1/completions", json={**body, "stream": True}) as stream,
     ):
-        # Straight to vLLM, past the gateway: only the scrape can tell the gateway about it.
-        task = asyncio.ensure_future(http.post(fast.url + "/v1/completions", json=body))
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                rows = await admin_rows(gw)
-                if rows["fast"]["engine_running"] == 1:
-                    break
-                shown = {
-                    k: rows["fast"][k] for k in ("engine_running", "engine_waiting", "scrape_age", "verdict")
-                }
-                assert time.monotonic() < deadline, shown
-                await asyncio.sleep(0.1)
-            own = await engine_metrics(http, fast)
-            assert (own.running, own.waiting) == (1, 0)
-            row = rows["fast"]
-            assert row["engine_waiting"] == 0 and row["inflight"] == 0
-            assert row["kv_usage"] is not None and 0 < row["kv_usage"] < 1
-            assert rows["slow"]["engine_running"] == 0
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                await task
+        assert stream.status_code == 200
+        deadline = time.monotonic() + 20
+        while True:
+            rows = await admin_rows(gw)
+            if rows["fast"]["engine_running"] == 1:
+                break
+            shown = {
+                k: rows["fast"][k] for k in ("engine_running", "engine_waiting", "scrape_age", "verdict")
+            }
+            assert time.monotonic() < deadline, shown
+            await asyncio.sleep(0.1)
+        own = await engine_metrics(http, fast)
+        assert (own.running, own.waiting) == (1, 0)
+        row = rows["fast"]
+        assert row["engine_waiting"] == 0 and row["inflight"] == 0
+        assert row["kv_usage"] is not None and 0 < row["kv_usage"] < 1
+        assert rows["slow"]["engine_running"] == 0
 
 
 async def test_warm_up_is_accepted_before_any_traffic(

@@ -140,13 +140,13 @@ def test_the_further_below_the_less_evidence_a_flag_needs() -> None:
     # Good dispatch starves a slow card of samples: at a tenth of the others' speed, its warm-up's
     # one full-size sample is enough; just under the line, dozens are needed.
     rule = SlowRule()
-    assert evidence_needed(0.1, rule) == rule.min_evidence == 1.0
+    assert evidence_needed(0.1, rule) == rule.min_evidence == 0.5
     assert 1.0 < evidence_needed(0.4, rule) < 3.0
     assert evidence_needed(0.55, rule) > 30.0
     assert evidence_needed(0.6, rule) == math.inf
     fast = SpeedStat(30_000, 40, 30.0)
     assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 1.0)}) == {"slow"}
-    assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 0.5)}) == frozenset()
+    assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 0.3)}) == frozenset()
     assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 5, 5.0)}) == frozenset()
     assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 60, 60.0)}) == {"slow"}
 
@@ -218,24 +218,31 @@ def test_unsampled_instances_track_the_fleet_not_their_seed() -> None:
     assert est.speed("unknown") == pytest.approx(fleet)
 
 
-def test_engine_windows_replace_the_gateways_timings() -> None:
+def test_engine_windows_teach_what_the_gateway_could_not_time() -> None:
     est = SpeedEstimator(1000.0)
-    est.observe_first_token("a", ttft=1.0, ahead_tokens=0, uncached_tokens=1000)
     # What vLLM measured: 4 requests of 1,000 computed tokens, 0.25 s of prefill each, 20 ms a token.
     window = {"requests": 4, "prefill_seconds": 0.25, "computed_tokens": 1000.0}
     sample = est.observe_engine("a", **window, prompt_tokens=2000.0, decode_seconds_per_token=0.02)
     assert sample == pytest.approx(4000.0)
-    assert est.speed("a") > 2500.0 and est.samples("a") == 5
+    assert est.speed("a") > 2500.0 and est.samples("a") == 4
     assert est.uncached_ratio("a") < 0.9  # half of the prompt tokens were cache hits
     assert est.decode_seconds_per_token("a") == pytest.approx(0.02, rel=0.2)
-    # From now on the gateway's own timings of it (queueing and HTTP included) are not used.
-    assert est.observe_first_token("a", ttft=5.0, ahead_tokens=0, uncached_tokens=1000) is None
+    # A non-stream answer's prefill is in the engine's window: no decode pace to guess at.
     assert (
-        est.observe_completion("a", duration=5.0, completion_tokens=1, ahead_tokens=0, uncached_tokens=1)
+        est.observe_completion("a", duration=5.0, completion_tokens=9, ahead_tokens=0, uncached_tokens=1)
         is None
     )
-    # A window of small prompts teaches the fixed latency, not the speed.
+    # A stream's TTFT still teaches at once, unless the engine had a queue (a wait for a batch slot
+    # that no booked work explains); without cache details the engine's computed share stands in.
+    assert est.observe_first_token("a", ttft=9.0, ahead_tokens=0, uncached_tokens=1000, queued=True) is None
+    assert est.observe_first_token(
+        "a", ttft=0.5, ahead_tokens=0, uncached_tokens=None, prompt_tokens=2000
+    ) == (pytest.approx(2000 * est.uncached_ratio("a") / 0.5))
+    # The next window holds that request too: only the rest of it teaches.
     before = est.speed("a")
+    assert est.observe_engine("a", requests=1, prefill_seconds=5.0, computed_tokens=1000.0) is None
+    assert est.speed("a") == before
+    # A window of small prompts teaches the fixed latency, not the speed.
     assert est.observe_engine("a", requests=8, prefill_seconds=0.01, computed_tokens=20.0) is None
     assert est.speed("a") == before and est.base_latency("a") < 0.05
     assert est.observe_engine("a", requests=0, prefill_seconds=1.0, computed_tokens=1.0) is None

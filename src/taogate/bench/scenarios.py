@@ -80,7 +80,8 @@ def fleet_configs(
     base: EmulatorConfig | None = None,
 ) -> list[EmulatorConfig]:
     """``n`` emulator configs; ``slow`` maps an index to its slowdown factor (2.5 = 2.5x slower)."""
-    base = base or EmulatorConfig()
+    # Usage reports cached tokens, as the emulator always did before it learned vLLM's default.
+    base = base or EmulatorConfig(enable_prompt_tokens_details=True)
     slow = slow or {}
     for i in slow:
         if not 0 <= i < n:

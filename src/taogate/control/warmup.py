@@ -63,7 +63,12 @@ class Warmup:
                 return
             elapsed, prompt = got
             self._speeds.observe_first_token(
-                inst.name, ttft=elapsed, ahead_tokens=0, uncached_tokens=prompt, prompt_tokens=prompt
+                inst.name,
+                ttft=elapsed,
+                ahead_tokens=0,
+                uncached_tokens=prompt,
+                prompt_tokens=prompt,
+                exact=True,
             )
         log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, self._speeds.speed(inst.name))
 

@@ -31,7 +31,7 @@ class SlowRule:
 
     ratio: float = 0.6
     recover_ratio: float = 0.75
-    min_evidence: float = 1.0  # full-size samples before an instance is judged or is a yardstick
+    min_evidence: float = 0.5  # full-size samples before an instance is judged or is a yardstick
     noise: float = 0.3  # spread of one sample's log speed (run-to-run noise of a real card)
     confidence: float = 2.0  # standard errors the gap below ``ratio`` must exceed
 

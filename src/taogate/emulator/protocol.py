@@ -10,6 +10,7 @@ room the prompt leaves; malformed JSON, wrong types and a missing Content-Type a
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -137,21 +138,26 @@ def _bool(payload: dict[str, Any], name: str, default: bool = False) -> bool:
     raise validation_error(_detail("bool_parsing", loc, msg, value), loc)
 
 
+_LAX = {"float": "a number", "int": "an integer"}
+
+
+def _lax_error(kind: str, name: str, value: Any) -> ApiError:
+    """pydantic's lax-mode refusal of ``value`` for a ``kind`` (float or int) field."""
+    what = _LAX[kind]
+    loc = f"body.{name}"
+    msg = f"Input should be a valid {what.split()[1]}, unable to parse string as {what}"
+    return validation_error(_detail(f"{kind}_parsing", loc, msg, value), loc)
+
+
 def _number(payload: dict[str, Any], name: str) -> float | None:
     """A lax float field (a numeric string is accepted, as pydantic does)."""
     value = payload.get(name)
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return None if value is None else float(value)
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             return float(value)
-        except ValueError:
-            pass
-    loc = f"body.{name}"
-    msg = "Input should be a valid number, unable to parse string as a number"
-    raise validation_error(_detail("float_parsing", loc, msg, value), loc)
+    raise _lax_error("float", name, value)
 
 
 def _integer(value: Any, name: str) -> int:
@@ -161,13 +167,9 @@ def _integer(value: Any, name: str) -> int:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError):
             return int(value)
-        except ValueError:
-            pass
-    loc = f"body.{name}"
-    msg = "Input should be a valid integer, unable to parse string as an integer"
-    raise validation_error(_detail("int_parsing", loc, msg, value), loc)
+    raise _lax_error("int", name, value)
 
 
 def _max_tokens(

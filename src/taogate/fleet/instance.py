@@ -118,6 +118,11 @@ class Instance:
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
 
+    def engine_stats(self, now: float, stale_after_s: float = 2.0) -> EngineStats | None:
+        """The last scrape's stats while younger than ``stale_after_s``, else None."""
+        stats = self._engine_stats
+        return stats if stats is not None and now - self.engine_at <= stale_after_s else None
+
     def scrape_duration(self, now: float) -> float | None:
         """The last scrape's duration, or the one in flight's so far if that is longer."""
         began, last = self.scrape_began, self.scrape_seconds
