@@ -35,6 +35,24 @@ from taogate.settings import Settings
 log = logging.getLogger("taogate.app")
 
 
+def unknown_path_message(path: str, prefix: str, base_url: str) -> str:
+    """The 404 text: a path already under an API base has the right base_url and a wrong route, so it
+    gets the routes; any other path gets the base_url to set."""
+    bases = ["/v1"] + ([f"{prefix}/v1"] if prefix else [])
+    if any(path == base or path.startswith(base + "/") for base in bases):
+        served = ", ".join(r.path for r in ROUTES if r.path.startswith("/v1/"))
+        under = f" (and the same under {prefix}/v1)" if prefix else ""
+        return (
+            f"Unknown path {path}. The gateway serves POST {served}, GET /v1/models{under}, "
+            "and POST /tokenize, /detokenize."
+        )
+    return (
+        f"Unknown path {path}. The OpenAI-compatible API lives under /v1"
+        + (f" and {prefix}/v1" if prefix else "")
+        + f" (e.g. POST /v1/chat/completions); set your client's base_url to {base_url}/v1."
+    )
+
+
 def _error_response(exc: GatewayError) -> Response:
     headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
     return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=headers)
@@ -59,7 +77,6 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         lifespan=lifespan,
     )
     api.state.gateway = gateway
-    api_base = f"{prefix}/v1"
 
     @api.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> Response:
@@ -70,14 +87,8 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return _error_response(
-                NotFound(
-                    f"Unknown path {request.url.path}. The OpenAI-compatible API lives under /v1"
-                    + (f" and {api_base}" if prefix else "")
-                    + " (e.g. POST /v1/chat/completions); set your client's base_url to "
-                    f"{gateway.settings.gateway.base_url}/v1."
-                )
-            )
+            base_url = gateway.settings.gateway.base_url
+            return _error_response(NotFound(unknown_path_message(request.url.path, prefix, base_url)))
         if exc.status_code == 405:
             return _error_response(
                 MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")

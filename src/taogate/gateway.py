@@ -163,6 +163,7 @@ class Gateway:
         """Stop taking work, give in-flight requests ``shutdown_timeout`` to finish, then close."""
         await self.pipeline.drain(self.settings.gateway.shutdown_timeout)
         await self._background.stop()
+        await self.scraper.aclose()
         await self.client.aclose()
         await self.upstream.aclose()
         logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)

@@ -17,12 +17,13 @@ def fast_config(**changes: Any) -> EmulatorConfig:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus text; labels must match exactly (order-insensitive)."""
+    """The value of one sample in Prometheus text; labels must match exactly (order-insensitive),
+    ``model_name`` and ``engine`` (vLLM's one engine, ``"0"``) implied."""
     for line in text.splitlines():
         match = re.fullmatch(r"([^{\s]+)(?:\{(.*)\})? (\S+)", line)
         if match is None or match.group(1) != name:
             continue
         found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if found == {"model_name": "emulated-model", **labels}:
+        if found == {"model_name": "emulated-model", "engine": "0", **labels}:
             return float(match.group(3))
     raise KeyError(f"{name}{labels} not in metrics")

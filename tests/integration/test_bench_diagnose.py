@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from typer.testing import CliRunner
@@ -18,11 +19,13 @@ from taogate.emulator.fleet import run_fleet
 BASE = EmulatorConfig(prefill_tokens_per_s=80_000, step_overhead=0.003, decode_tokens_per_s=12_800)
 
 
-async def run(slow: dict[int, float], strategy: str, workload: Workload, **kw: object) -> Diagnosis:
-    async with run_fleet(fleet_configs(4, slow, base=BASE)) as fleet:
+async def run(
+    slow: dict[int, float], strategy: str, workload: Workload, *, caching: bool = False, **kw: Any
+) -> Diagnosis:
+    async with run_fleet(fleet_configs(4, slow, base=BASE, prefix_caching=caching)) as fleet:
         return await diagnose(
             fleet.urls, workload, model=BASE.model, strategy=strategy, probe_tokens=2048, **kw
-        )  # type: ignore[arg-type]
+        )
 
 
 def long_every_fourth(n: int = 80, rate: float = 100.0, long: int = 8000, short: int = 100) -> Workload:
@@ -53,6 +56,25 @@ async def test_round_robin_piling_long_prompts_is_dispatch() -> None:
 async def test_homogeneous_least_busy_fleet_is_balanced() -> None:
     result = await run({}, "least_busy", long_prompts(16, 8, prompt_tokens=2048))
     assert result.verdict.kind == "balanced" and result.verdict.exit_code == 0, result.verdict
+
+
+async def test_a_homogeneous_cached_fleet_is_balanced() -> None:
+    # Prompts sharing one long body, caching on: hits would make some requests fast and the rest
+    # slow whatever the dispatch. Diagnose gives each request a prefix of its own, and says so.
+    result = await run({}, "least_busy", long_prompts(16, 8, prompt_tokens=2048), caching=True)
+    assert result.verdict.kind == "balanced", result.verdict
+    hits = result.evidence.instance_hits
+    assert set(hits) == {"i0", "i1", "i2", "i3"} and max(hits.values()) < 0.1, hits
+    assert any("hit rate per instance" in line for line in result.verdict.evidence)
+
+
+async def test_probes_are_repeated_and_their_spread_kept() -> None:
+    result = await run({1: 3.0}, "least_busy", long_prompts(8, 4, prompt_tokens=1024))
+    spread = result.evidence.probe_range
+    assert set(spread) == {"i0", "i1", "i2", "i3"}
+    low, high = spread["i1"]
+    assert low <= result.evidence.probe_speeds["i1"] <= high < 0.5 * result.evidence.probe_speeds["i0"]
+    assert result.verdict.instance == "i1"
 
 
 def test_cli_exit_code_reflects_the_verdict(tmp_path: Path) -> None:

@@ -9,13 +9,15 @@ servers, which can take longer than one test may, and are bounded by their own t
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from tests.real.home import Prepared, prepare
 from tests.real.server import SERVED_MODEL, ServerError, ServerSpec, VllmServer, cpus, start_servers
@@ -95,12 +97,13 @@ class Pair:
         return self.fast, self.slow
 
 
-@pytest.fixture(scope="package")
-def vllm_pair(prepared: Prepared, say: Say, report: Say) -> Iterator[Pair]:
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def vllm_pair(prepared: Prepared, say: Say, report: Say) -> AsyncIterator[Pair]:
     """The fast and the slow card, each bound to a core of its own, started together.
 
     Package scope: started once for this tier and stopped when its last test is done, so the rest of
-    the suite does not run beside two idle engines holding their memory."""
+    the suite does not run beside two idle engines holding their memory. The servers live on the
+    package's event loop; tests on their own loops only talk to them over HTTP."""
     cores = cpus()
     specs = [
         # KV events cost the engine next to nothing and let tests watch its prefix cache directly.
@@ -109,16 +112,16 @@ def vllm_pair(prepared: Prepared, say: Say, report: Say) -> Iterator[Pair]:
         ServerSpec("slow", prepared.models.dirs["slow"], cpu=cores[1 % len(cores)], responses_store=True),
     ]
     started = time.monotonic()
-    try:
-        fast, slow = start_servers(prepared.python, specs, prepared.logs, log=say)
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    report(f"servers ready in {time.monotonic() - started:.1f} s (started together)")
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            fast, slow = await start_servers(prepared.python, specs, prepared.logs, stack, log=say)
+        except ExceptionGroup as group:
+            failed = group.subgroup(ServerError)
+            if failed is None:
+                raise
+            pytest.fail("\n".join(str(exc) for exc in failed.exceptions), pytrace=False)
+        report(f"servers ready in {time.monotonic() - started:.1f} s (started together)")
         yield Pair(fast, slow, prepared.models.tokenizer_json)
-    finally:
-        for server in (fast, slow):
-            server.stop()
 
 
 @pytest.fixture(params=["fast", "slow"])

@@ -1,24 +1,26 @@
-"""Real vLLM OpenAI servers as subprocesses on 127.0.0.1: start, wait until healthy, stop for sure."""
+"""Real vLLM OpenAI servers as child processes on 127.0.0.1, through the project's one launcher.
+
+``taogate.bench.procs.launch`` starts each server in a process group of its own, waits until its
+``/health`` answers, and stops the whole group (API server, engine core) on the way out; with
+``die_with_parent`` the kernel ends it even if the test process is killed outright.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import ctypes
 import json
 import os
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from taogate.bench.procs import Child, LaunchError, free_port, launch
 
 SERVED_MODEL = "tiny-llama"  # both cards serve it, so the gateway sees one model on two instances
 START_TIMEOUT = 240.0  # seconds until /health answers; alone a server needs a few tens of seconds
-STOP_TIMEOUT = 20.0
+STOP_TIMEOUT = 20.0  # vLLM's own shutdown (engine core, workers) takes a few seconds
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 # The test venv's environment must not leak into the vLLM venv's interpreter.
 LEAKY_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
@@ -28,14 +30,6 @@ Log = Callable[[str], None]
 
 class ServerError(RuntimeError):
     """A vLLM server did not come up, or died; the message carries the tail of its log."""
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (the kernel's pick; a small race we accept on loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def cpus() -> list[int]:
@@ -58,34 +52,21 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the test process dies, even by SIGKILL."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
+@dataclass
 class VllmServer:
-    """One running ``vllm.entrypoints.openai.api_server`` in a process group of its own."""
+    """One running ``vllm.entrypoints.openai.api_server`` (``child`` is set once it is launched)."""
 
-    def __init__(self, python: Path, spec: ServerSpec, log_dir: Path) -> None:
-        self.spec = spec
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.kv_events_port = free_port() if spec.kv_events else None
-        self.log_path = log_dir / f"vllm-{spec.label}.log"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [str(python), "-m", "vllm.entrypoints.openai.api_server", *self.args()],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,  # one group: the API server, its engine core and workers
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a prctl call, no locks taken
-            )
-        self.started = time.monotonic()
-        self.ready_after: float | None = None
+    spec: ServerSpec
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    kv_events_port: int | None = None
+    child: Child | None = None
+    started: float = field(default_factory=time.monotonic)
+    ready_after: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def kv_events_endpoint(self) -> str | None:
@@ -136,7 +117,7 @@ class VllmServer:
         return env
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.child is not None and self.child.proc.returncode is None
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -149,68 +130,51 @@ class VllmServer:
         where = f"vLLM {self.spec.label} on {self.url}"
         return ServerError(f"{where}: {reason}; log {self.log_path}, its end:\n{self.log_tail()}")
 
-    def healthy(self) -> bool:
-        """One probe of ``GET /health``; raises if the process has exited."""
-        if not self.alive():
-            raise self.failure(f"exited with code {self.process.returncode}")
-        try:
-            return httpx.get(self.url + "/health", timeout=2.0, trust_env=False).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     def check_alive(self) -> None:
         if not self.alive():
-            raise self.failure(f"exited with code {self.process.returncode} during the tests")
-
-    def stop(self) -> None:
-        """SIGTERM the whole group, give vLLM time to shut down cleanly, then SIGKILL what is left."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(STOP_TIMEOUT)
-        # The leader may be gone while its engine core still runs: wait for the group, then kill it.
-        deadline = time.monotonic() + 5.0
-        while _group_exists(self.process.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(STOP_TIMEOUT)
+            code = None if self.child is None else self.child.proc.returncode
+            raise self.failure(f"exited with code {code} during the tests")
 
 
-def _group_exists(pgid: int) -> bool:
+async def _run(python: Path, server: VllmServer, stack: contextlib.AsyncExitStack, log: Log) -> None:
+    await asyncio.to_thread(server.log_path.write_bytes, b"")
+    log(f"started vLLM {server.spec.label} ({server.spec.model.name}) on {server.url}, cpu {server.spec.cpu}")
+    launched = launch(
+        [str(python), "-m", "vllm.entrypoints.openai.api_server", *server.args()],
+        name=f"vLLM {server.spec.label}",
+        log=server.log_path,
+        env=server.environment(),
+        ready_url=server.url,
+        ready_within=START_TIMEOUT,
+        stop_within=STOP_TIMEOUT,
+        die_with_parent=True,
+    )
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        server.child = await stack.enter_async_context(launched)
+    except LaunchError as exc:
+        raise server.failure(str(exc).splitlines()[0]) from None
+    server.ready_after = time.monotonic() - server.started
+    log(f"vLLM {server.spec.label} ready after {server.ready_after:.1f} s")
 
 
-def start_servers(
-    python: Path, specs: Sequence[ServerSpec], log_dir: Path, *, log: Log, timeout: float = START_TIMEOUT
+async def start_servers(
+    python: Path,
+    specs: Sequence[ServerSpec],
+    log_dir: Path,
+    stack: contextlib.AsyncExitStack,
+    *,
+    log: Log,
 ) -> list[VllmServer]:
-    """Start every server at once (their start-ups overlap), then wait until all are healthy.
-
-    On any failure every server started here is stopped before the error propagates."""
-    servers: list[VllmServer] = []
-    try:
-        for spec in specs:
-            servers.append(VllmServer(python, spec, log_dir))
-            log(f"started vLLM {spec.label} ({spec.model.name}) on {servers[-1].url}, cpu {spec.cpu}")
-        deadline = time.monotonic() + timeout
-        waiting = list(servers)
-        while waiting:
-            for server in list(waiting):
-                if server.healthy():
-                    server.ready_after = time.monotonic() - server.started
-                    log(f"vLLM {server.spec.label} ready after {server.ready_after:.1f} s")
-                    waiting.remove(server)
-            if not waiting:
-                break
-            if time.monotonic() > deadline:
-                raise waiting[0].failure(f"/health did not answer 200 within {timeout:.0f} s")
-            time.sleep(0.25)
-    except BaseException:
+    """Start every server at once (their start-ups overlap) and wait until all are healthy; each is
+    stopped when ``stack`` closes. If one fails, the others' start is cancelled (which stops them)."""
+    await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
+    servers = [
+        VllmServer(
+            spec, log_dir / f"vllm-{spec.label}.log", kv_events_port=free_port() if spec.kv_events else None
+        )
+        for spec in specs
+    ]
+    async with asyncio.TaskGroup() as group:
         for server in servers:
-            server.stop()
-        raise
+            group.create_task(_run(python, server, stack, log))
     return servers

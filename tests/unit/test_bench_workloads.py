@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from taogate.bench.diagnose import salted
 from taogate.bench.scenarios import fleet_capacity, fleet_configs, instance_capacity, pooled_config
-from taogate.bench.workloads import from_file, long_prompts, mixed, shared_prefix, single
+from taogate.bench.workloads import from_file, long_prompts, mixed, salted, shared_prefix, single, unshared
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.tokenizer import Tokenizer
 
@@ -60,6 +59,13 @@ def test_salted_prefixes_every_prompt() -> None:
     assert all(r.prompt.startswith("Run B. ") for r in w.requests)
     s = salted(shared_prefix(3), "Run B.")
     assert all(r.system and r.system.startswith("Run B. ") for r in s.requests)
+
+
+def test_unshared_gives_every_request_a_prefix_of_its_own() -> None:
+    tok = Tokenizer()
+    for w in (unshared(long_prompts(4), "x"), unshared(shared_prefix(4), "x")):
+        heads = [tuple(tok.encode(r.system or r.prompt)[:3]) for r in w.requests]
+        assert len(set(heads)) == len(heads) == 4
 
 
 def test_pooled_bound_sums_the_fleet() -> None:

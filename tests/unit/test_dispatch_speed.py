@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.slow import SlowRule, slow_instances
+from taogate.dispatch.slow import SlowRule, evidence_needed, slow_instances
 from taogate.dispatch.speed import SpeedEstimator, SpeedStat
 
 
@@ -66,10 +67,15 @@ def test_tiny_requests_barely_move_the_estimate() -> None:
 
 def test_non_stream_samples_subtract_decode_time() -> None:
     est = SpeedEstimator(1000.0, decode_seconds_per_token=0.02)
-    # 1000 prompt tokens at 500 tok/s = 2 s, then 16 tokens at 20 ms.
-    sample = est.observe_completion(
-        "a", duration=2.0 + 15 * 0.02, completion_tokens=16, ahead_tokens=0, uncached_tokens=1000
-    )
+    # 1000 prompt tokens at 500 tok/s = 2 s, then 16 tokens at 20 ms: no pace is known yet, and a
+    # guessed one would decide the sample, so there is none.
+    non_stream = {"duration": 2.0 + 15 * 0.02, "completion_tokens": 16, "ahead_tokens": 0}
+    assert est.observe_completion("a", **non_stream, uncached_tokens=1000) is None
+    for _ in range(30):  # a stream teaches the pace: 20 ms a token
+        est.observe_completion(
+            "a", duration=1.0 + 15 * 0.02, completion_tokens=16, ahead_tokens=0, uncached_tokens=1, ttft=1.0
+        )
+    sample = est.observe_completion("a", **non_stream, uncached_tokens=1000)
     assert sample == pytest.approx(500.0)
     # Decoding dominates: no usable prefill sample.
     assert (
@@ -111,7 +117,7 @@ def test_rejects_bad_config() -> None:
 
 
 def test_detector_flags_the_slow_one_with_hysteresis() -> None:
-    rule = SlowRule(ratio=0.6, recover_ratio=0.75, min_evidence=8)
+    rule = SlowRule(ratio=0.6, recover_ratio=0.75, min_evidence=8, noise=0.3, confidence=2.0)
     stats = {
         "a": SpeedStat(1000, 20, 20),
         "b": SpeedStat(1000, 20, 20),
@@ -128,6 +134,21 @@ def test_detector_flags_the_slow_one_with_hysteresis() -> None:
     assert slow_instances({**stats, "d": SpeedStat(400, 30, 3)}, rule=rule) == frozenset()
     assert slow_instances({"d": SpeedStat(400, 50, 50)}, rule=rule) == frozenset()
     assert slow_instances({"a": SpeedStat(1000, 50, 50), "d": SpeedStat(400, 50, 50)}, rule=rule) == {"d"}
+
+
+def test_the_further_below_the_less_evidence_a_flag_needs() -> None:
+    # Good dispatch starves a slow card of samples: at a tenth of the others' speed, its warm-up's
+    # one full-size sample is enough; just under the line, dozens are needed.
+    rule = SlowRule()
+    assert evidence_needed(0.1, rule) == rule.min_evidence == 0.5
+    assert 1.0 < evidence_needed(0.4, rule) < 3.0
+    assert evidence_needed(0.55, rule) > 30.0
+    assert evidence_needed(0.6, rule) == math.inf
+    fast = SpeedStat(30_000, 40, 30.0)
+    assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 1.0)}) == {"slow"}
+    assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 0.3)}) == frozenset()
+    assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 5, 5.0)}) == frozenset()
+    assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 60, 60.0)}) == {"slow"}
 
 
 def test_detector_end_to_end_on_a_fleet_with_one_slow_card() -> None:
@@ -197,14 +218,43 @@ def test_unsampled_instances_track_the_fleet_not_their_seed() -> None:
     assert est.speed("unknown") == pytest.approx(fleet)
 
 
-def test_gateway_entry_point() -> None:
+def test_engine_windows_teach_what_the_gateway_could_not_time() -> None:
     est = SpeedEstimator(1000.0)
-    assert est.observe("a", ahead_tokens=0, uncached_tokens=2000, seconds=2.0) == pytest.approx(1000.0)
-    non_stream = est.observe(
-        "a", ahead_tokens=0, uncached_tokens=1000, seconds=1.0 + 15 * 0.02, completion_tokens=16, now=5.0
+    # What vLLM measured: 4 requests of 1,000 computed tokens, 0.25 s of prefill each, 20 ms a token.
+    window = {"requests": 4, "prefill_seconds": 0.25, "computed_tokens": 1000.0}
+    sample = est.observe_engine("a", **window, prompt_tokens=2000.0, decode_seconds_per_token=0.02)
+    assert sample == pytest.approx(4000.0)
+    assert est.speed("a") > 2500.0 and est.samples("a") == 4
+    assert est.uncached_ratio("a") < 0.9  # half of the prompt tokens were cache hits
+    assert est.decode_seconds_per_token("a") == pytest.approx(0.02, rel=0.2)
+    # A non-stream answer's prefill is in the engine's window: no decode pace to guess at.
+    assert (
+        est.observe_completion("a", duration=5.0, completion_tokens=9, ahead_tokens=0, uncached_tokens=1)
+        is None
     )
-    assert non_stream == pytest.approx(1000.0)
-    assert est.samples("a") == 2
+    # A stream's TTFT still teaches at once, unless the engine had a queue (a wait for a batch slot
+    # that no booked work explains); without cache details the engine's computed share stands in.
+    assert est.observe_first_token("a", ttft=9.0, ahead_tokens=0, uncached_tokens=1000, queued=True) is None
+    assert est.observe_first_token(
+        "a", ttft=0.5, ahead_tokens=0, uncached_tokens=None, prompt_tokens=2000
+    ) == (pytest.approx(2000 * est.uncached_ratio("a") / 0.5))
+    # The next window holds that request too: only the rest of it teaches.
+    before = est.speed("a")
+    assert est.observe_engine("a", requests=1, prefill_seconds=5.0, computed_tokens=1000.0) is None
+    assert est.speed("a") == before
+    # A window of small prompts teaches the fixed latency, not the speed.
+    assert est.observe_engine("a", requests=8, prefill_seconds=0.01, computed_tokens=20.0) is None
+    assert est.speed("a") == before and est.base_latency("a") < 0.05
+    assert est.observe_engine("a", requests=0, prefill_seconds=1.0, computed_tokens=1.0) is None
+
+
+def test_engine_learned_speeds_are_not_capped() -> None:
+    # Computed tokens exclude cache hits: a card ten times faster is not held at fast_cap (2x).
+    est = SpeedEstimator(1000.0, fast_cap=2.0)
+    for _ in range(5):
+        est.observe_engine("fast", requests=4, prefill_seconds=0.1, computed_tokens=1000.0)
+        est.observe_engine("slow", requests=1, prefill_seconds=1.0, computed_tokens=1000.0)
+    assert est.speed("fast") / est.speed("slow") > 8.0
 
 
 def test_rebuild_every_defers_learned_speeds_but_not_fleet_changes() -> None:

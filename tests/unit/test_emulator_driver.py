@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from taogate.emulator.clock import VirtualClock
 from taogate.emulator.config import EmulatorConfig
@@ -17,6 +18,17 @@ def _tracked(inst: EmulatorInstance, rid: str, n: int, max_tokens: int) -> Track
     record = inst.begin(rid, "tag-a", "completion")
     record.prompt_tokens = n
     return Tracked(inst.new_engine_id(rid), [hash((rid, i)) % 30_000 for i in range(n)], max_tokens, record)
+
+
+def _samples(inst: EmulatorInstance) -> dict[tuple[str, str], float]:
+    """(sample name, finished_reason or "") -> value; every sample must carry engine="0"."""
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(inst.metrics_text().decode()):
+        for s in family.samples:
+            if s.name.startswith("vllm:") and not s.name.endswith("_created"):
+                assert s.labels.get("engine") == "0", s
+                out[(s.name, s.labels.get("finished_reason", ""))] = s.value
+    return out
 
 
 async def _drain(t: Tracked) -> list[SeqOutput]:
@@ -41,9 +53,16 @@ async def test_driver_runs_the_engine_in_virtual_time() -> None:
     inst.end(t.record)
     stats = inst.stats()
     assert (stats["completed"], stats["generation_tokens"], stats["tags"]) == (1, 16, {"tag-a": 1})
-    text = inst.metrics_text().decode()
-    assert 'vllm:request_success_total{finished_reason="length",model_name="emulated-model"} 1.0' in text
-    assert 'vllm:prompt_tokens_total{model_name="emulated-model"} 4096.0' in text
+    got = _samples(inst)
+    assert got[("vllm:request_success_total", "length")] == 1.0
+    assert got[("vllm:prompt_tokens_total", "")] == 4096.0
+    # The phases vLLM reports: nothing queued ahead, prefill until the first token, decode after.
+    assert got[("vllm:request_queue_time_seconds_sum", "")] == 0.0
+    assert got[("vllm:request_prefill_time_seconds_sum", "")] == pytest.approx(t.record.first_token)
+    decode = t.record.finish - t.record.first_token
+    assert got[("vllm:request_decode_time_seconds_sum", "")] == pytest.approx(decode)
+    assert got[("vllm:request_prefill_kv_computed_tokens_sum", "")] == 4096.0
+    assert got[("vllm:request_generation_tokens_sum", "")] == 16.0
     await inst.aclose()
 
 
@@ -71,8 +90,12 @@ async def test_abort_ends_the_stream_and_frees_the_slot() -> None:
     assert (await _drain(a))[-1].finish_reason == "abort"
     assert (await asyncio.wait_for(_drain(b), timeout=5))[-1].finish_reason == "length"
     assert inst.engine.num_running == 0 and inst.engine.pool.num_used == 0
-    text = inst.metrics_text().decode()
-    assert 'vllm:request_success_total{finished_reason="abort",model_name="emulated-model"} 1.0' in text
+    got = _samples(inst)
+    # As in vLLM, the client's abort is not a finish reason; b waited for a's slot all that time.
+    assert got[("vllm:request_success_total", "abort")] == 0.0
+    assert got[("vllm:request_success_total", "length")] == 1.0
+    assert got[("vllm:request_queue_time_seconds_count", "")] == 1.0
+    assert got[("vllm:request_queue_time_seconds_sum", "")] > 0.0
     await inst.aclose()
     with pytest.raises(RuntimeError, match="shutting down"):
         inst.driver.submit(_tracked(inst, "c", 5, 1))

@@ -49,27 +49,36 @@ def test_completion_parsing_and_defaults() -> None:
     assert (req.model, len(req.prompt_ids), req.max_tokens, req.stream) == ("emulated-model", 3, 16, True)
     assert parse_completion({"prompt": [[5, 6]]}, Tokenizer(), CFG).prompt_ids == [5, 6]
     assert parse_completion({"prompt": "a " * 60}, Tokenizer(), CFG).max_tokens == 4  # clipped to context
+    # vLLM clamps max_tokens to the room the prompt leaves, and coerces lax types as pydantic does.
+    assert parse_completion({"prompt": "a", "max_tokens": 64}, Tokenizer(), CFG).max_tokens == 63
+    lax = parse_completion({"prompt": "a", "stream": "yes", "max_tokens": "5"}, Tokenizer(), CFG)
+    assert lax.stream and lax.max_tokens == 5
 
 
 @pytest.mark.parametrize(
-    ("payload", "status", "fragment"),
+    ("payload", "status", "fragment", "kind", "param"),
     [
-        ({"model": "nope", "prompt": "x"}, 404, "does not exist"),
-        ({}, 400, "`prompt` is required"),
-        ({"prompt": "a " * 64}, 400, "maximum context length is 64"),
-        ({"prompt": "a", "max_tokens": 64}, 400, "you requested 65 tokens"),
-        ({"prompt": "a", "n": 2}, 400, "n > 1"),
-        ({"prompt": ["a", "b"]}, 400, "batched prompts"),
-        ({"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
-        ({"prompt": "a", "stream": "yes"}, 400, "stream"),
+        ({"model": "nope", "prompt": "x"}, 404, "Valid aliases: emulated-model", "NotFoundError", "model"),
+        ({}, 400, "Either prompt or prompt_embeds", "BadRequestError", "prompt"),
+        ({"prompt": "a " * 65}, 400, "at least 65 input tokens", "BadRequestError", "input_tokens"),
+        ({"prompt": "a", "max_tokens": 65}, 400, "cannot be greater than", "BadRequestError", "max_tokens"),
+        ({"prompt": "a", "n": 2}, 400, "n > 1", "BadRequestError", "n"),
+        ({"prompt": "a", "n": 2, "temperature": 0}, 400, "greedy", "BadRequestError", None),
+        ({"prompt": ["a", "b"]}, 400, "batched prompts", "BadRequestError", "prompt"),
+        ({"prompt": "a", "max_tokens": 0}, 400, "at least 1, got 0", "BadRequestError", "max_tokens"),
+        ({"prompt": "a", "max_tokens": "five"}, 400, "int_parsing", "Bad Request", "body.max_tokens"),
+        ({"prompt": "a", "stream": "maybe"}, 400, "bool_parsing", "Bad Request", "body.stream"),
+        ({"prompt": "a", "temperature": "hot"}, 400, "float_parsing", "Bad Request", "body.temperature"),
     ],
 )
-def test_completion_errors(payload: dict[str, Any], status: int, fragment: str) -> None:
+def test_completion_errors(
+    payload: dict[str, Any], status: int, fragment: str, kind: str, param: str | None
+) -> None:
     err = _err(parse_completion, payload)
     assert err.status == status and fragment in err.message
     body = orjson.loads(err.body())["error"]
     assert set(body) == {"message", "type", "param", "code"} and body["code"] == status
-    assert body["type"] == {400: "BadRequestError", 404: "NotFoundError"}[status]
+    assert (body["type"], body["param"]) == (kind, param)
 
 
 def test_chat_and_embedding_parsing() -> None:
@@ -82,8 +91,11 @@ def test_chat_and_embedding_parsing() -> None:
     emb = parse_embedding({"input": ["a b", "c"], "encoding_format": "base64"}, Tokenizer(), CFG)
     assert [len(i) for i in emb.inputs] == [2, 1] and emb.base64
     assert _err(parse_embedding, {"input": "a " * 65}).status == 400
-    with pytest.raises(ApiError, match="malformed JSON"):
-        parse_json(b"{nope")
+    assert _err(parse_chat, {}).param == "body.messages"
+    for raw, param in ((b"{nope", "body.1"), (b"[1, 2]", "body"), (b"", "body")):
+        with pytest.raises(ApiError, match="1 validation error") as info:
+            parse_json(raw)
+        assert (info.value.kind, info.value.param) == ("Bad Request", param)
 
 
 def test_faults_merge_validates_everything_first() -> None:

@@ -8,8 +8,10 @@ from taogate.fleet.engine import (
     EngineSample,
     ScrapeError,
     engine_stats,
+    engine_window,
     hit_rate,
     is_stale,
+    parse_load_metrics,
     parse_vllm_metrics,
     stale_after,
 )
@@ -208,3 +210,47 @@ def test_engine_stats_for_dispatch() -> None:
     assert engine_stats(cur, None, 100.0, 110.0, 1.0) is None  # stale
     assert engine_stats(EngineSample(running=1.0), None, 100.0, 100.0, 1.0) is None  # partial
     assert engine_stats(None, None, None, 100.0, 1.0) is None
+
+
+def _phases(finished: float, *values: float) -> str:
+    """vLLM's per-request phase histograms (prefill, queue, decode seconds; computed, prompt,
+    generated tokens): the +Inf bucket, _count and _sum samples."""
+    lab = f'{{engine="0",model_name="{MODEL}"}}'
+    names: tuple[str, ...] = ("request_prefill_time_seconds", "request_queue_time_seconds")
+    names += ("request_decode_time_seconds",)
+    names += ("request_prefill_kv_computed_tokens", "request_prompt_tokens", "request_generation_tokens")
+    lines = []
+    count = finished
+    for short, total in zip(names, values, strict=True):
+        name = f"vllm:{short}"
+        lines += [
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} {count}',
+        ]
+        lines += [f"{name}_count{lab} {count}", f"{name}_sum{lab} {total}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_window_is_what_the_engine_measured_in_between() -> None:
+    before = parse_vllm_metrics(_phases(10, 2.0, 0.5, 3.0, 8000, 10000, 170))
+    after = parse_vllm_metrics(_phases(14, 3.0, 2.5, 4.2, 12000, 16000, 234))
+    window = engine_window(before, after)
+    assert window is not None
+    assert window.requests == 4
+    assert window.prefill_seconds == pytest.approx(0.25)  # without the 0.5 s each waited for a slot
+    assert window.queue_seconds == pytest.approx(0.5)
+    assert (window.computed_tokens, window.prompt_tokens) == (1000, 1500)
+    assert window.decode_seconds_per_token == pytest.approx(1.2 / (64 - 4))
+    assert engine_window(after, after) is None  # nothing finished in between
+    assert engine_window(EngineSample(), after) is None  # an engine that reports no phases
+    restarted = engine_window(after, parse_vllm_metrics(_phases(2, 0.2, 0.0, 0.1, 500, 500, 10)))
+    assert restarted is not None and restarted.requests == 2 and restarted.computed_tokens == 250
+
+
+def test_endpoint_load_metrics_header() -> None:
+    json_value = 'JSON {"named_metrics": {"num_requests_waiting": 3.0, "kv_cache_usage_perc": 0.25}}'
+    assert parse_load_metrics(json_value) == (3.0, 0.25)
+    text = "TEXT named_metrics.num_requests_waiting=1.0, named_metrics.kv_cache_usage_perc=0.5"
+    assert parse_load_metrics(text) == (1.0, 0.5)
+    assert parse_load_metrics("XML <x/>") is None
+    assert parse_load_metrics("JSON {nope") is None

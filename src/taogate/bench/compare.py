@@ -2,11 +2,14 @@
 
 Rows: the user's own gateway (when a base URL is given), then ``scenarios.COMPARE`` (direct round
 robin, then loopback gateways with round_robin, least_busy, least_busy + affinity), then the pooled
-bound when the fleet is emulated. Each emulated row runs on a fresh fleet.
+bound when the fleet is emulated. Each emulated row runs on a fresh fleet, and every row's prompts get
+a salt of their own in front: on a real fleet, whose caches outlive a row, a later row would otherwise
+be served from what the earlier rows left there and measure the prefix cache, not the dispatch.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 
 import httpx
@@ -16,7 +19,7 @@ from taogate.bench.render import progress
 from taogate.bench.report import summarize
 from taogate.bench.runner import Target, run_load
 from taogate.bench.scenarios import COMPARE, POOLED, Outcome, Scenario, run_scenario
-from taogate.bench.workloads import Workload
+from taogate.bench.workloads import Workload, salted
 from taogate.emulator.config import EmulatorConfig
 
 __all__ = ["run_compare", "run_target"]
@@ -71,12 +74,13 @@ async def run_compare(
         rows.append(POOLED)
     total = len(workload.limited(max_requests).requests)
     outcomes = []
-    for scenario in rows:
+    run_salt = secrets.token_hex(4)
+    for n, scenario in enumerate(rows):
         with progress(console, scenario.label, total) as advance:
             outcomes.append(
                 await run_scenario(
                     scenario,
-                    workload,
+                    salted(workload, f"Row {n} of compare {run_salt}."),
                     configs=configs,
                     urls=urls,
                     instance_key=instance_key,

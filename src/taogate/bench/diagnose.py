@@ -1,11 +1,15 @@
 """Is it dispatch, one slow instance, or nothing? The queue-cap bisection, automated.
 
-``diagnose``: (1) **probe** each instance alone, straight to its URL: one ~4,096-token prompt with a
-unique salt, ``max_tokens`` 1, twice; its prefill speed is ``prompt_tokens / TTFT`` of the faster try
-(nothing else runs, so queueing cannot make it look slow). (2) **Run A**: the load through a fresh
-loopback gateway with the configured strategy and cap. (3) **Run B**: the same load, new salt (no
-cache reuse), with ``max_queue_per_instance`` lowered to ``low_cap`` (8). (4) Evidence: per-instance
-completion times of both runs and each gateway's learned ``relative_speed``.
+``diagnose``: (1) **probe** each instance alone, straight to its URL: a ~4,096-token prompt (less if
+the model's context is shorter) with a unique salt, ``max_tokens`` 1, ``tries`` times in turn with the
+others; its prefill speed is ``prompt_tokens / TTFT``, judged by the median and the spread of its tries
+(nothing else runs, so queueing cannot make it look slow, and one try disturbed by a busy machine
+cannot name the wrong instance). (2) **Run A**: the load through a fresh loopback gateway with the
+configured strategy and cap. (3) **Run B**: the same load with ``max_queue_per_instance`` lowered to
+``low_cap`` (8). Both runs give every request a prefix of its own (``workloads.unshared``): prefix
+-cache hits make some requests fast and others slow whatever the dispatch, which would pass for an
+imbalance; each instance's hit rate, from its own prefix-cache counters, is shown. (4) Evidence:
+per-instance completion times of both runs and each gateway's learned ``relative_speed``.
 
 ``decide`` (pure), first match wins:
 
@@ -14,7 +18,8 @@ completion times of both runs and each gateway's learned ``relative_speed``.
   cap could not bind: the difference is noise), nor when a probed-slow instance already got under
   0.75x its fair share of run A (dispatch routes around it: the verdict is the instance's).
 - **slow** (exit 2): the lower cap did not help, and an instance's probed speed is below ``slow``
-  (0.6) x the fleet's median (without probes: the gateway's learned ``relative_speed``).
+  (0.6) x the fleet's median, its best try too below the midway to the median (without probes: the
+  gateway's learned ``relative_speed``).
 - **balanced** (exit 0): run A's max/mean is within ``IMBALANCE_RATIO`` (2).
 - **inside** (exit 2): still over 2x with no slow instance and no help from the cap: look inside vLLM
   (AllReduce, data movement; or hits against misses when the prefix-cache hit rate is high).
@@ -24,16 +29,19 @@ completion times of both runs and each gateway's learned ``relative_speed``.
 from __future__ import annotations
 
 import math
+import secrets
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import httpx
 
 from taogate.app import serve_gateway
 from taogate.bench.report import IMBALANCE_RATIO, Summary, ratio, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
-from taogate.bench.scenarios import Scenario, admin_instances, gateway_settings
-from taogate.bench.workloads import RequestSpec, Workload, filler
+from taogate.bench.scenarios import Scenario, admin_instances, counter_hits, gateway_settings, prefix_counters
+from taogate.bench.workloads import RequestSpec, Workload, filler, salted, unshared
 
 __all__ = [
     "DROP",
@@ -46,7 +54,6 @@ __all__ = [
     "diagnose",
     "peak_per_instance",
     "probe_speeds",
-    "salted",
 ]
 
 DROP = 1.5
@@ -67,6 +74,8 @@ class Evidence:
     relative_speed: Mapping[str, float] = field(default_factory=dict)  # the gateway's learned view
     cache_hit_rate: float = math.nan
     peak_per_instance: int | None = None  # most requests in flight on one instance in run A
+    probe_range: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # slowest, fastest try
+    instance_hits: Mapping[str, float] = field(default_factory=dict)  # from each one's own counters
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +90,23 @@ class Verdict:
         return EXIT_CODES[self.kind]
 
 
-def _slowest(speeds: Mapping[str, float], slow: float) -> tuple[str, float] | None:
-    """The slowest instance and its speed relative to the median, if it is below ``slow``."""
+def _slowest(
+    speeds: Mapping[str, float], slow: float, ranges: Mapping[str, tuple[float, float]] | None = None
+) -> tuple[str, float] | None:
+    """The slowest instance and its speed relative to the median, if it is below ``slow`` and, with
+    the probes' ``ranges``, even its fastest try is below the midway between ``slow`` and the median
+    (a spread that reaches the others' says the machine was busy, not the card slow)."""
     known = {k: v for k, v in speeds.items() if v > 0 and not math.isnan(v)}
     if len(known) < 2:
         return None
     median = statistics.median(known.values())
     name = min(known, key=lambda k: known[k])
     rel = known[name] / median
-    return (name, rel) if rel < slow else None
+    if rel >= slow:
+        return None
+    if ranges and name in ranges and ranges[name][1] / median >= (1 + slow) / 2:
+        return None
+    return name, rel
 
 
 def _run_line(tag: str, s: Summary) -> str:
@@ -120,16 +137,27 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
         f"max latency cap {ev.cap} / cap {ev.low_cap} = {gain:.2f} (dispatch when >= {drop:g})",
     ]
     if ev.probe_speeds:
+        spread = ev.probe_range
         lines.append(
-            "own prefill speed, probed alone (tokens/s): "
-            + ", ".join(f"{k} {v:,.0f}" for k, v in ev.probe_speeds.items())
+            "own prefill speed, probed alone (tokens/s, median [slowest-fastest try]): "
+            + ", ".join(
+                f"{k} {v:,.0f}" + (f" [{spread[k][0]:,.0f}-{spread[k][1]:,.0f}]" if k in spread else "")
+                for k, v in ev.probe_speeds.items()
+            )
+        )
+    if ev.instance_hits:
+        lines.append(
+            "prefix-cache hit rate per instance, from its own counters: "
+            + ", ".join(
+                f"{k} {'-' if math.isnan(v) else format(v, '.0%')}" for k, v in ev.instance_hits.items()
+            )
         )
     if ev.relative_speed:
         lines.append(
             "gateway's learned relative speed: "
             + ", ".join(f"{k} {v:.2f}" for k, v in ev.relative_speed.items())
         )
-    slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow)
+    slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow, ev.probe_range)
     dispatch_fixed_it = gain >= drop
     if dispatch_fixed_it and ev.peak_per_instance is not None and ev.peak_per_instance <= ev.low_cap:
         lines.append(
@@ -206,15 +234,18 @@ def peak_per_instance(samples: Sequence[Sample]) -> int:
     return peak
 
 
-def salted(workload: Workload, salt: str) -> Workload:
-    """The same workload with ``salt`` in front of every prompt (a fresh prefix: no cache reuse)."""
-
-    def one(spec: RequestSpec) -> RequestSpec:
-        if spec.system is not None:
-            return replace(spec, system=f"{salt} {spec.system}")
-        return replace(spec, prompt=f"{salt} {spec.prompt}")
-
-    return replace(workload, requests=tuple(one(s) for s in workload.requests))
+async def _context_length(url: str, model: str, key: str) -> int | None:
+    """The model's ``max_model_len`` from the instance's /v1/models (vLLM and the emulator give it)."""
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+            cards = (await client.get(url + "/v1/models", headers=headers)).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    for card in cards if isinstance(cards, list) else ():
+        if isinstance(card, dict) and card.get("id") == model and isinstance(card.get("max_model_len"), int):
+            return int(card["max_model_len"])
+    return None
 
 
 async def probe_speeds(
@@ -224,22 +255,32 @@ async def probe_speeds(
     model: str,
     key: str = "",
     prompt_tokens: int = 4096,
-    tries: int = 2,
-) -> dict[str, float]:
-    """Each instance alone: prompt tokens / TTFT of its best try (0 when every try failed)."""
-    out: dict[str, float] = {}
-    body = filler(prompt_tokens)
-    for url, name in zip(urls, names, strict=True):
-        best = 0.0
-        for t in range(tries):
-            spec = RequestSpec(t, f"Probe {name} {t} {id(out)}. {body}", 1, approx_tokens=prompt_tokens)
-            run = await run_load(
-                [Target(url + "/v1", key, name)], Workload("probe", (spec,), 1), model, max_seconds=60
-            )
-            s = run.samples[0]
-            if s.ok and s.ttft:
-                best = max(best, (s.prompt_tokens or prompt_tokens) / s.ttft)
-        out[name] = best
+    tries: int = 5,
+) -> dict[str, list[float]]:
+    """Each instance alone, ``tries`` times, in turn with the others (so a busy spell of the machine
+    falls on all of them): prompt tokens / TTFT of each try that succeeded."""
+    context = await _context_length(urls[0], model, key) if urls else None
+    tokens = (
+        min(prompt_tokens, context // 2) if context else prompt_tokens
+    )  # filler runs long on real tokenizers
+    out: dict[str, list[float]] = {name: [] for name in names}
+    salt = secrets.token_hex(4)
+    pairs = list(zip(urls, names, strict=True))
+    for t in range(tries):
+        for url, name in pairs[t % len(pairs) :] + pairs[: t % len(pairs)]:
+            for _ in range(3):  # a prompt past the context is refused: halve it, a few times at most
+                text = f"Probe {name} {t} {salt}. {filler(tokens)}"
+                spec = RequestSpec(t, text, 1, approx_tokens=tokens)
+                run = await run_load(
+                    [Target(url + "/v1", key, name)], Workload("probe", (spec,), 1), model, max_seconds=60
+                )
+                s = run.samples[0]
+                if s.status == 400 and tokens > 256:
+                    tokens //= 2
+                    continue
+                if s.ok and s.ttft:
+                    out[name].append((s.prompt_tokens or tokens) / s.ttft)
+                break
     return out
 
 
@@ -249,6 +290,11 @@ class Diagnosis:
     evidence: Evidence
     runs: list[Run]
     admin: list[dict[str, Any] | None]
+
+
+def _mean(values: Sequence[float]) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return sum(known) / len(known) if known else math.nan
 
 
 async def diagnose(
@@ -266,27 +312,36 @@ async def diagnose(
     drop: float = DROP,
     slow: float = SLOW,
     on_sample: Any = None,
+    shared_prefixes: bool = False,
 ) -> Diagnosis:
-    """Probe, run with ``cap`` and with ``low_cap`` through loopback gateways, and decide."""
+    """Probe, run with ``cap`` and with ``low_cap`` through loopback gateways, and decide;
+    ``shared_prefixes`` keeps the prompts' own prefixes (prefix-cache hits then weigh in)."""
     names = [f"i{n}" for n in range(len(urls))]
-    speeds = (
-        await probe_speeds(urls, names, model=model, key=key, prompt_tokens=probe_tokens) if probe else {}
-    )
+    tries = await probe_speeds(urls, names, model=model, key=key, prompt_tokens=probe_tokens) if probe else {}
+    speeds = {n: statistics.median(v) if v else 0.0 for n, v in tries.items()}
+    ranges = {n: (min(v), max(v)) for n, v in tries.items() if v}
     runs: list[Run] = []
     admin: list[dict[str, Any] | None] = []
     summaries: list[Summary] = []
+    hits: dict[str, list[float]] = {n: [] for n in names}
+    salt = secrets.token_hex(4)
     for tag, limit in (("A", cap), ("B", low_cap)):
         scenario = Scenario(f"{strategy}, cap {limit}", "gateway", strategy, max_queue=limit)
+        prefix = f"Diagnose run {tag} {salt}."
+        load = salted(workload, prefix) if shared_prefixes else unshared(workload, prefix)
+        before = await prefix_counters(urls)
         async with serve_gateway(gateway_settings(urls, scenario, names=names)) as gw:
             run = await run_load(
                 [Target(gw.api_base, gw.key)],
-                salted(workload, f"Diagnose run {tag} {id(runs)}."),
+                load,
                 model,
                 label=scenario.label,
                 max_seconds=max_seconds,
                 on_sample=on_sample,
             )
             admin.append(await admin_instances(gw.url, gw.key))
+        for name, rate in zip(names, counter_hits(before, await prefix_counters(urls)), strict=True):
+            hits[name].append(rate)
         runs.append(run)
         summaries.append(summarize(scenario.label, run.samples, names))
     rel = {
@@ -295,7 +350,24 @@ async def diagnose(
         if r.get("relative_speed") is not None
     }
     samples: list[Sample] = [s for r in runs for s in r.samples if s.ok]
-    hit = ratio(sum(s.cached_tokens for s in samples), sum(s.prompt_tokens for s in samples))
+    per_instance = {n: _mean(v) for n, v in hits.items()}
+    known = [v for v in per_instance.values() if not math.isnan(v)]
+    hit = (
+        _mean(known)
+        if known
+        else ratio(sum(s.cached_tokens for s in samples), sum(s.prompt_tokens for s in samples))
+    )
     peak = peak_per_instance(runs[0].samples)
-    evidence = Evidence(summaries[0], summaries[1], cap, low_cap, speeds, rel, hit, peak)
+    evidence = Evidence(
+        summaries[0],
+        summaries[1],
+        cap,
+        low_cap,
+        speeds,
+        rel,
+        hit,
+        peak,
+        ranges,
+        per_instance if known else {},
+    )
     return Diagnosis(decide(evidence, drop=drop, slow=slow), evidence, runs, admin)

@@ -5,19 +5,22 @@ memory are read alone (``cpu_seconds``, ``rss_bytes``) and its event loop is not
 generator's. ``launch`` starts one and waits until it is ready, either by the lines it prints
 (``ready_prefix``: each such stdout line ends with a URL) or by HTTP (``ready_url``: every path of
 ``ready_paths`` answers 200). On exit the child gets SIGTERM, then SIGKILL after a bounded wait, or
-SIGKILL at once if the block is cancelled; it never outlives the block.
+SIGKILL at once if the block is cancelled; it never outlives the block, and with ``die_with_parent``
+not even its parent, should that be killed outright (SIGKILL runs no exit handler).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -68,6 +71,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends it SIGTERM when the parent dies, however it dies."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _tail(log: Path | None, n: int = 20) -> str:
     if log is None:
         return ""
@@ -91,18 +100,29 @@ async def launch(
     ready_paths: Sequence[str] = ("/health",),
     ready_within: float = 60.0,
     stop_signal: int = signal.SIGTERM,
+    stop_within: float = STOP_TIMEOUT_S,
+    die_with_parent: bool = False,
 ) -> AsyncIterator[Child]:
     """Run ``cmd`` until the block exits; ready as the module docstring says. stderr goes to
-    ``log`` (or is inherited); stdout is read for the ready lines, then drained into ``log``."""
+    ``log`` (or is inherited); stdout is read for the ready lines, then drained into ``log``, or
+    without ``ready_prefix`` written there directly. ``stop_within``: seconds the child gets to exit
+    after ``stop_signal`` before it is killed."""
     stderr = log.open("ab") if log is not None else None
+    if ready_prefix is not None:
+        stdout: int | IO[bytes] = asyncio.subprocess.PIPE
+    else:
+        stdout = stderr if stderr is not None else asyncio.subprocess.DEVNULL
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd,
-            stdout=asyncio.subprocess.PIPE if ready_prefix is not None else asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=stdout,
             stderr=stderr,
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,  # its own process group: a stop reaches whatever it started
+            # a prctl call only: nothing that could deadlock between fork and exec
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
     finally:
         if stderr is not None:
@@ -119,15 +139,15 @@ async def launch(
                 await _ready_http(proc, name, ready_url, ready_paths, log)
                 child.urls.append(ready_url)
     except TimeoutError:
-        await _stop(proc, stop_signal)
+        await _stop(proc, stop_signal, stop_within)
         raise LaunchError(f"{name} was not ready within {ready_within:g} s{_tail(log)}") from None
     except BaseException:
-        await _stop(proc, stop_signal)
+        await _stop(proc, stop_signal, stop_within)
         raise
     try:
         yield child
     finally:
-        await _stop(proc, stop_signal)
+        await _stop(proc, stop_signal, stop_within)
         if drain is not None:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
@@ -181,14 +201,14 @@ def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-async def _stop(proc: asyncio.subprocess.Process, sig: int) -> None:
+async def _stop(proc: asyncio.subprocess.Process, sig: int, within: float = STOP_TIMEOUT_S) -> None:
     """``sig``, then SIGKILL after a bounded wait; a cancellation meanwhile kills at once."""
     if proc.returncode is not None:
         _signal(proc, signal.SIGKILL)  # whatever it started and left behind
         return
     try:
         _signal(proc, sig)
-        async with asyncio.timeout(STOP_TIMEOUT_S):
+        async with asyncio.timeout(within):
             await proc.wait()
     except TimeoutError:
         _signal(proc, signal.SIGKILL)

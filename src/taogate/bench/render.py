@@ -251,10 +251,11 @@ def print_outcomes(console: Console, outcomes: list[Outcome], title: str) -> Non
     baseline = pooled[0] if pooled else (summaries[0] if len(summaries) > 1 else None)
     console.print(summary_table(summaries, baseline=baseline, title=title))
     console.print(shares_table(summaries))
-    hits = [(o.summary.label, o.cache_hit_rate) for o in outcomes if o.emulator]
+    hits = [(o.summary.label, o.cache_hit_rate) for o in outcomes if o.emulator or o.engine_hits]
     if any(not math.isnan(h) and h > 0 for _, h in hits):
         console.print(
-            "prefix-cache hit rate (emulator books): " + ", ".join(f"{label} {h:.0%}" for label, h in hits)
+            "prefix-cache hit rate (the instances' own counters): "
+            + ", ".join(f"{label} {h:.0%}" for label, h in hits)
         )
 
 

@@ -16,6 +16,7 @@ With ``isolated=True`` the fleet and the gateway each run in a process of their 
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from taogate.bench.runner import Run, Sample, Target, run_load
 from taogate.bench.workloads import Workload
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
+from taogate.fleet.engine import ScrapeError, parse_vllm_metrics
 from taogate.settings import Settings
 
 __all__ = [
@@ -37,12 +39,14 @@ __all__ = [
     "POOLED",
     "Outcome",
     "Scenario",
+    "counter_hits",
     "fleet_capacity",
     "fleet_configs",
     "gateway_settings",
     "instance_capacity",
     "loopback_settings",
     "pooled_config",
+    "prefix_counters",
     "run_scenario",
 ]
 
@@ -76,7 +80,8 @@ def fleet_configs(
     base: EmulatorConfig | None = None,
 ) -> list[EmulatorConfig]:
     """``n`` emulator configs; ``slow`` maps an index to its slowdown factor (2.5 = 2.5x slower)."""
-    base = base or EmulatorConfig()
+    # Usage reports cached tokens, as the emulator always did before it learned vLLM's default.
+    base = base or EmulatorConfig(enable_prompt_tokens_details=True)
     slow = slow or {}
     for i in slow:
         if not 0 <= i < n:
@@ -163,6 +168,35 @@ def gateway_settings(
     )
 
 
+async def prefix_counters(urls: Sequence[str]) -> list[tuple[float, float] | None]:
+    """Each instance's prefix-cache (queries, hits) counters from its /metrics (None: unreadable)."""
+    out: list[tuple[float, float] | None] = []
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+        for url in urls:
+            try:
+                sample = parse_vllm_metrics((await client.get(url + "/metrics")).text)
+            except (httpx.HTTPError, ScrapeError):
+                out.append(None)
+                continue
+            q, h = sample.prefix_queries, sample.prefix_hits
+            out.append(None if q is None or h is None else (q, h))
+    return out
+
+
+def counter_hits(
+    before: Sequence[tuple[float, float] | None], after: Sequence[tuple[float, float] | None]
+) -> list[float]:
+    """Per instance, the share of queried prompt tokens its prefix cache served in between (NaN when
+    unknown or nothing was queried)."""
+    out = []
+    for b, a in zip(before, after, strict=True):
+        if a is None or b is None or a[0] <= b[0]:
+            out.append(math.nan)
+        else:
+            out.append(max(0.0, a[1] - b[1]) / (a[0] - b[0]))
+    return out
+
+
 async def admin_instances(url: str, key: str) -> dict[str, Any] | None:
     """The gateway's ``GET /admin/instances`` (None when it cannot be read)."""
     try:
@@ -185,14 +219,19 @@ class Outcome:
     summary: Summary
     admin: dict[str, Any] | None = None  # the gateway's /admin/instances after the run
     emulator: list[dict[str, Any]] = field(default_factory=list)  # per-instance emulator stats
+    engine_hits: tuple[float, float] | None = None  # real fleet: prefix-cache (queries, hits) in the run
 
     @property
     def cache_hit_rate(self) -> float:
-        """From the emulators' own books (cached over prompt tokens); falls back to usage."""
+        """From the emulators' own books (cached over prompt tokens), or the real instances' own
+        prefix-cache counters; falls back to usage (vLLM reports none without
+        --enable-prompt-tokens-details)."""
         prompt = sum(int(s.get("prompt_tokens", 0)) for s in self.emulator)
-        if not prompt:
-            return self.summary.cache_hit_rate
-        return sum(int(s.get("cached_tokens", 0)) for s in self.emulator) / prompt
+        if prompt:
+            return sum(int(s.get("cached_tokens", 0)) for s in self.emulator) / prompt
+        if self.engine_hits is not None and self.engine_hits[0] > 0:
+            return self.engine_hits[1] / self.engine_hits[0]
+        return self.summary.cache_hit_rate
 
 
 SampleHook = Callable[[Sample], None]
@@ -245,14 +284,19 @@ async def run_scenario(
         if urls is None or scenario.kind == "pooled":
             raise ValueError(f"scenario {scenario.label!r} needs emulator configs")
         names = [f"i{n}" for n in range(len(urls))]
+        before = await prefix_counters(urls)
+        admin = None
         if scenario.kind == "direct":
             targets = [Target(u + "/v1", instance_key, names[n]) for n, u in enumerate(urls)]
             run = await run_load(targets, workload, model, label=scenario.label, **load)
-            return Outcome(scenario, run, summarize(scenario.label, run.samples, names))
-        run, admin = await _gateway_run(
-            urls, scenario, workload=workload, model=model, names=names, load=load
-        )
-        return Outcome(scenario, run, summarize(scenario.label, run.samples, names), admin)
+        else:
+            run, admin = await _gateway_run(
+                urls, scenario, workload=workload, model=model, names=names, load=load
+            )
+        after = await prefix_counters(urls)
+        known = [(b, a) for b, a in zip(before, after, strict=True) if a is not None and b is not None]
+        hits = (sum(a[0] - b[0] for b, a in known), sum(a[1] - b[1] for b, a in known)) if known else None
+        return Outcome(scenario, run, summarize(scenario.label, run.samples, names), admin, engine_hits=hits)
 
     if scenario.prefix_caching is not None:
         configs = [replace(c, enable_prefix_caching=scenario.prefix_caching) for c in configs]

@@ -13,6 +13,8 @@ the usual ~4 characters per token), so "N tokens" means "N // 10 sentences" on b
 - ``shared_prefix``: 8 long system prompts, many short questions (chat requests).
 - ``from_file``: a user's JSONL file: one prompt per line, a JSON string or an object
   ``{"prompt": ..., "max_tokens"?: int, "system"?: str, "group"?: str}``.
+
+``salted`` and ``unshared`` put fresh prefixes in front, per run and per request (see there).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ __all__ = [
     "long_prompts",
     "mixed",
     "mixed_mean_tokens",
+    "salted",
     "shared_prefix",
     "single",
+    "unshared",
 ]
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -176,6 +180,32 @@ def shared_prefix(
             )
         )
     return Workload("shared-prefix", tuple(specs), concurrency)
+
+
+def salted(workload: Workload, salt: str) -> Workload:
+    """The same workload with ``salt`` in front of every prompt (a fresh prefix: nothing an earlier
+    run left in a prefix cache is reused; prompts still share what they shared with each other)."""
+
+    def one(spec: RequestSpec) -> RequestSpec:
+        if spec.system is not None:
+            return replace(spec, system=f"{salt} {spec.system}")
+        return replace(spec, prompt=f"{salt} {spec.prompt}")
+
+    return replace(workload, requests=tuple(one(s) for s in workload.requests))
+
+
+def unshared(workload: Workload, salt: str) -> Workload:
+    """Every request behind a salt of its own: no two prompts share a prefix, so no prefix cache can
+    make some requests cheaper than others (what a comparison between instances must rule out)."""
+    return replace(
+        workload,
+        requests=tuple(
+            replace(s, system=f"{salt}-{s.index} {s.system}")
+            if s.system is not None
+            else replace(s, prompt=f"{salt}-{s.index} {s.prompt}")
+            for s in workload.requests
+        ),
+    )
 
 
 def _file_spec(index: int, row: Any, max_tokens: int) -> RequestSpec:

@@ -1,8 +1,13 @@
-"""Engine scrapes: each instance's own ``/metrics`` (waiting, running, KV usage, prefix-cache hits).
+"""Engine scrapes: each instance's own ``/metrics`` (waiting, running, KV usage, prefix-cache hits, and
+the per-request phase times the speed estimator learns from).
 
 The engine's gauges count work from every gateway replica, which our in-flight counts cannot see.
-A failed scrape is logged once per change; dispatch then decides on the gateway's own counts for
-that instance until the metrics are back.
+vLLM renders ``/metrics`` slowly while its engine works (seconds, under load), so one instance's slow
+answer must not hold up the others': each round starts a scrape of every instance not still being
+scraped, waits for them at most one interval, then judges every instance's stats. A failed scrape,
+a scrape slower than the interval, and stats too old to trust (``fleet.engine.stale_after``) are each
+logged once per change and shown as metrics; dispatch decides on the gateway's own counts for an
+instance whose stats are stale, until a scrape answers again.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Callable
 import httpx
 
 from taogate.control.events import FleetEvents
-from taogate.fleet.engine import ScrapeError, parse_vllm_metrics
+from taogate.fleet.engine import ScrapeError, engine_window, is_stale, parse_vllm_metrics, stale_after
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.instance import Instance
 from taogate.settings import Settings
@@ -22,6 +27,9 @@ from taogate.settings import Settings
 __all__ = ["Scraper"]
 
 log = logging.getLogger("taogate.health")
+
+#: A scrape may take this long before it is given up (vLLM has been seen to need several seconds).
+SCRAPE_LIMIT = 10.0
 
 
 class Scraper:
@@ -38,34 +46,115 @@ class Scraper:
         self._settings = settings
         self._events = events
         self._clock = clock
+        self._running: dict[str, asyncio.Task[None]] = {}
 
     async def scrape_all(self) -> None:
-        if self._settings().dispatch.scrape_interval <= 0:
+        interval = self._settings().dispatch.scrape_interval
+        if interval <= 0:
             return
-        await asyncio.gather(*(self.scrape(i) for i in list(self._fleet) if not i.spec.overflow))
+        started = []
+        for inst in list(self._fleet):
+            if inst.spec.overflow or inst.name in self._running:
+                continue
+            task = asyncio.get_running_loop().create_task(self.scrape(inst))
+            self._running[inst.name] = task
+            task.add_done_callback(self._done)
+            started.append(task)
+        if started:
+            await asyncio.wait(started, timeout=interval)
+        self._judge(interval)
         self._events.check_slow()
 
+    def _done(self, task: asyncio.Task[None]) -> None:
+        for name, running in list(self._running.items()):
+            if running is task:
+                del self._running[name]
+
+    async def aclose(self) -> None:
+        """Cancel the scrapes still running (a round does not wait for slow ones)."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def scrape(self, inst: Instance) -> None:
-        timeout = self._settings().dispatch.health_timeout
+        settings = self._settings().dispatch
+        timeout = max(settings.health_timeout, SCRAPE_LIMIT / 2)
         error = ""
+        began = self._clock()
+        inst.scrape_began = began
         try:
             async with asyncio.timeout(2 * timeout):
                 r = await self._client.get(
                     inst.spec.url + "/metrics", timeout=timeout, headers=inst.auth_headers
                 )
             if r.status_code == 200:
-                inst.record_scrape(parse_vllm_metrics(r.text), self._clock())
-                if not inst.scrape_ok:
-                    inst.scrape_ok = True
-                    log.info("instance %s: engine metrics are back", inst.name)
+                self._took(inst, self._clock() - began, settings.scrape_interval)
+                self._record(inst, r.text)
                 return
             error = f"/metrics answered {r.status_code}"
         except (httpx.HTTPError, OSError, TimeoutError) as exc:
             error = f"/metrics failed: {type(exc).__name__}"
         except ScrapeError as exc:
             error = f"/metrics unreadable: {exc}"
+        finally:
+            inst.scrape_began = None
         if inst.scrape_ok:
             inst.scrape_ok = False
             log.warning(
                 "instance %s: %s; dispatch goes on with the gateway's own counts for it", inst.name, error
             )
+
+    def _record(self, inst: Instance, text: str) -> None:
+        sample = parse_vllm_metrics(text)
+        inst.record_scrape(sample, self._clock())
+        if inst.engine_prev is not None:
+            window = engine_window(inst.engine_prev, sample)
+            if window is not None:
+                self._fleet.speeds.observe_engine(
+                    inst.name,
+                    requests=window.requests,
+                    prefill_seconds=window.prefill_seconds,
+                    computed_tokens=window.computed_tokens,
+                    prompt_tokens=window.prompt_tokens,
+                    decode_seconds_per_token=window.decode_seconds_per_token,
+                )
+        if not inst.scrape_ok:
+            inst.scrape_ok = True
+            log.info("instance %s: engine metrics are back", inst.name)
+
+    @staticmethod
+    def _took(inst: Instance, seconds: float, interval: float) -> None:
+        inst.scrape_seconds = seconds
+        slow = seconds > interval
+        if slow and not inst.scrape_slow:
+            log.warning(
+                "instance %s: a scrape of /metrics took %.2f s, longer than the %.2f s scrape interval: "
+                "its engine stats arrive late",
+                inst.name,
+                seconds,
+                interval,
+            )
+        elif inst.scrape_slow and not slow:
+            log.info("instance %s: /metrics answers within the scrape interval again", inst.name)
+        inst.scrape_slow = slow
+
+    def _judge(self, interval: float) -> None:
+        """Say once per change when an instance's engine stats become too old for dispatch to trust."""
+        now = self._clock()
+        limit = stale_after(interval)
+        for inst in self._fleet:
+            if inst.spec.overflow or inst.engine is None:
+                continue  # never scraped: nothing was trusted, the failed scrape says why
+            stale = is_stale(inst.engine_at, now, interval)
+            if stale and not inst.stats_stale:
+                log.warning(
+                    "instance %s: engine stats are %.1f s old, past the %.1f s they are trusted for; "
+                    "dispatch goes on with the gateway's own counts for it",
+                    inst.name,
+                    now - inst.engine_at,
+                    limit,
+                )
+            elif inst.stats_stale and not stale:
+                log.info("instance %s: engine stats are fresh again", inst.name)
+            inst.stats_stale = stale

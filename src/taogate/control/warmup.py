@@ -3,8 +3,10 @@ anything, so dispatch knows its speed from the first real request.
 
 Without it, a fleet's first burst is dispatched knowing nothing, and a slow card takes its share of
 that burst before its first answer comes back. It costs each instance two prompts behind a unique
-salt (nothing is cached), a tiny one and one of ``warmup_tokens`` words, each with a one-token answer;
-``[dispatch] warmup_tokens = 0`` turns it off.
+salt (nothing is cached), a tiny one and one of ``warmup_tokens`` words (fewer if the model's context
+is short), each with a one-token answer; ``[dispatch] warmup_tokens = 0`` turns it off. An instance
+that refuses it (vLLM wants ``Content-Type: application/json``; a chat-only model has no completions)
+is said so in the log: dispatch then learns its speed from traffic alone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ __all__ = ["Warmup", "warmup_prompt"]
 log = logging.getLogger("taogate.health")
 
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+#: Tokens a warm-up word may cost on an unknown tokenizer: the prompt must fit the model's context.
+_TOKENS_PER_WORD = 4
+_JSON = {"content-type": "application/json"}
 
 
 def warmup_prompt(words: int) -> str:
@@ -48,31 +53,56 @@ class Warmup:
         tokens = settings.dispatch.warmup_tokens
         if tokens <= 0 or not inst.models:
             return
+        model = min(inst.models)
+        context = inst.model_cards.get(model, {}).get("max_model_len")
+        if isinstance(context, int) and context > 0:
+            tokens = max(8, min(tokens, context // _TOKENS_PER_WORD))
         for words in (8, tokens):  # the small one is mostly fixed latency, the large one mostly prefill
-            got = await self._one(inst, min(inst.models), words, settings.gateway.request_timeout)
+            got = await self._one(inst, model, words, settings.gateway.request_timeout)
             if got is None:
                 return
             elapsed, prompt = got
             self._speeds.observe_first_token(
-                inst.name, ttft=elapsed, ahead_tokens=0, uncached_tokens=prompt, prompt_tokens=prompt
+                inst.name,
+                ttft=elapsed,
+                ahead_tokens=0,
+                uncached_tokens=prompt,
+                prompt_tokens=prompt,
+                exact=True,
             )
         log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, self._speeds.speed(inst.name))
 
     async def _one(self, inst: Instance, model: str, words: int, limit: float) -> tuple[float, int] | None:
         body = {"model": model, "prompt": warmup_prompt(words), "max_tokens": 1, "temperature": 0}
-        headers = {**inst.auth_headers, "x-request-tag": "taogate-warmup"}  # grep-able upstream
+        headers = {**inst.auth_headers, **_JSON, "x-request-tag": "taogate-warmup"}  # grep-able upstream
         started = time.monotonic()
         try:
             r = await self._client.post(
                 inst.spec.url + "/v1/completions", content=orjson.dumps(body), headers=headers, timeout=limit
             )
-        except (httpx.HTTPError, OSError):
+        except (httpx.HTTPError, OSError) as exc:
+            log.warning("instance %s: warm-up failed (%s); its speed is learned from traffic", inst.name, exc)
             return None
         elapsed = time.monotonic() - started
         if r.status_code != 200:
-            return None  # e.g. a chat-only model: no warm-up, dispatch learns from traffic instead
+            log.warning(
+                "instance %s refused the warm-up (HTTP %d: %s); its speed is learned from traffic",
+                inst.name,
+                r.status_code,
+                _reason(r.content),
+            )
+            return None
         try:
             prompt = orjson.loads(r.content)["usage"]["prompt_tokens"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return None
         return (elapsed, prompt) if isinstance(prompt, int) and prompt > 0 else None
+
+
+def _reason(body: bytes, limit: int = 200) -> str:
+    """The error message of an OpenAI-shaped error body, or the body's start."""
+    try:
+        message = orjson.loads(body)["error"]["message"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")
+    return " ".join(str(message).split())[:limit]

@@ -4,17 +4,25 @@ A slow card (thermal throttling, a bad link, a noisy neighbour) made visible: ``
 runs ``slow_instances`` over ``SpeedEstimator.snapshot()`` after each probe and scrape round;
 ``control.events.FleetEvents.check_slow`` logs and counts each change, ``taogate_instance_slow`` and
 ``taogate status`` show it.
+
+**Evidence.** Dispatch that works starves a slow card: the further below the others it is, the less
+traffic, hence fewer samples, it gets. So the evidence a flag needs shrinks with the gap: an estimate
+built from ``e`` full-size samples is off by about ``noise / sqrt(e)`` in log speed, and a card is
+flagged once its gap below the line, ``ln(ratio / relative)``, exceeds ``confidence`` such errors.
+A card at a tenth of the others' speed is flagged on its first full-size sample (a warm-up's); one
+just under the line needs dozens.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from .speed import SpeedStat
 
-__all__ = ["SlowRule", "slow_instances"]
+__all__ = ["SlowRule", "evidence_needed", "slow_instances"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +31,17 @@ class SlowRule:
 
     ratio: float = 0.6
     recover_ratio: float = 0.75
-    min_evidence: float = 8.0  # full-size samples (see ``SpeedStat.evidence``) before judging
+    min_evidence: float = 0.5  # full-size samples before an instance is judged or is a yardstick
+    noise: float = 0.3  # spread of one sample's log speed (run-to-run noise of a real card)
+    confidence: float = 2.0  # standard errors the gap below ``ratio`` must exceed
+
+
+def evidence_needed(relative: float, rule: SlowRule = SlowRule()) -> float:
+    """Full-size samples a card at ``relative`` × the others' speed needs before it is flagged."""
+    if relative >= rule.ratio:
+        return math.inf
+    gap = math.log(rule.ratio / max(relative, 1e-9))
+    return max(rule.min_evidence, (rule.confidence * rule.noise / gap) ** 2)
 
 
 def slow_instances(
@@ -31,21 +49,22 @@ def slow_instances(
 ) -> frozenset[str]:
     """The instances whose prefill speed stays well below the rest of the fleet's.
 
-    Each instance is compared with the median of the *other* instances that have enough samples, so a
-    slow one does not drag down its own yardstick (with two instances, each is compared with the other).
-    ``flagged`` is the previous result: a flagged instance stays flagged until it recovers past
-    ``recover_ratio``, so an estimate hovering near the threshold does not flap. Instances with less
-    than ``min_evidence`` (tiny requests count for little) are neither flagged nor used as yardstick:
-    an estimate still near its seed says nothing about the card.
+    Each instance is compared with the median of the *other* instances with ``min_evidence``, so a
+    slow one does not drag down its own yardstick (with two instances, each is compared with the
+    other). ``flagged`` is the previous result: a flagged instance stays flagged until it recovers past
+    ``recover_ratio``, so an estimate hovering near the threshold does not flap. A new flag needs the
+    evidence of the module docstring.
     """
-    known = {name: s.speed for name, s in stats.items() if s.evidence >= rule.min_evidence and s.speed > 0}
+    known = {name: s for name, s in stats.items() if s.evidence >= rule.min_evidence and s.speed > 0}
     out: set[str] = set()
-    for name, speed in known.items():
-        others = [v for n, v in known.items() if n != name]
+    for name, stat in known.items():
+        others = [s.speed for n, s in known.items() if n != name]
         if not others:
             continue
-        rel = speed / statistics.median(others)
-        limit = rule.recover_ratio if name in flagged else rule.ratio
-        if rel < limit:
+        rel = stat.speed / statistics.median(others)
+        if name in flagged:
+            if rel < rule.recover_ratio:
+                out.add(name)
+        elif stat.evidence >= evidence_needed(rel, rule):
             out.add(name)
     return frozenset(out)

@@ -1,34 +1,32 @@
 """Each instance's prefill speed (prompt tokens/s), learned online (``slow`` flags the slow cards from it).
 
-Dividing load by a learned speed gives a 2.5× slow instance proportionally less work without anyone
-configuring it.
+Dividing load by a learned speed gives a 2.5× slow instance proportionally less work unconfigured.
 
-**Samples.** A streamed request whose first token came ``ttft`` seconds after dispatch, with
-``ahead_tokens`` of our prefill booked ahead of it there and ``uncached_tokens`` of its own prompt to
-prefill (prompt minus ``usage.prompt_tokens_details.cached_tokens``), shows the instance did
-``work = ahead + uncached`` tokens in ``ttft``. A non-streamed request shows only its duration: its
-decode (``completion_tokens`` × the learned seconds per output token) is taken off first, and the
-sample is dropped when decoding dominates.
+**Each request teaches once.** A stream's first token after ``ttft``, with ``ahead_tokens`` booked
+ahead and ``uncached_tokens`` of its own, shows ``work = ahead + uncached`` done in ``ttft``; it
+teaches at once, unless the engine had requests waiting then (the TTFT may hold a wait for a batch
+slot that no booked work explains). Every other request teaches through what the engine measured
+(``observe_engine``), where the instance reports it: vLLM's per-request phase histograms, differenced
+between scrapes (``fleet.engine.engine_window``), give the mean prefill time and the prompt tokens
+really prefilled (cache hits excluded) of the requests that finished in between, streamed or not,
+without their wait for a slot or the HTTP path, and the decode pace; the window weighs by the
+requests in it not already learned from one by one. A non-stream answer's prefill cannot be told from
+its decode without assuming a pace: where the engine reports none, its duration less the decode at
+the pace learned from streams teaches (not at all while no pace is known, or when decoding dominates).
 
-**Fixed latency.** ``ttft ≈ base + work / speed``: every request pays a fixed part (vLLM: at least
-one engine step plus HTTP; the emulator: its step overhead × slowdown), so ``work / ttft`` would make
-an instance that gets only short prompts look slow. Each instance learns ``base`` (an EWMA of the TTFT
-of samples under ``small_tokens`` of work) and its speed only from larger samples, as
-``work / (ttft - base)``. One that only ever sees small work keeps the fleet's median speed, while its
-``base`` still shows a slow card, which dispatch adds to the cost.
+**Fixed latency.** ``ttft ≈ base + work / speed``: each instance learns ``base`` from samples under
+``small_tokens`` of work and its speed only from larger ones, as ``work / (ttft - base)``, so short
+prompts do not make a card look slow; its ``base`` still shows a slow card that gets only those.
 
-**Fit.** An exponentially weighted mean of ``log(speed)`` (ratios are multiplicative: a 2× fast and a
-2× slow outlier pull equally). A sample weighs by the work it covers (a 20-token request's TTFT is
-mostly fixed overhead), the first samples count more (a weighted running mean until the EWMA takes
-over, so the seed is soon forgotten), and once warm a sample is clamped to within ``clamp``× of the
-estimate so one stalled request cannot halve it. With the default ``alpha`` a 2.5× slow card is
-learned within a few full-size requests (a unit test holds it).
+**Fit.** An EWMA of ``log(speed)`` (ratios are multiplicative); a sample weighs by the work it covers
+and the requests it averages (an engine window); a weighted running mean until the EWMA takes over, so
+the seed is soon forgotten; once warm, a sample is clamped to ``clamp``× the estimate. **Seed.**
+``weight`` × ``nominal``, then ``weight`` × the fleet's learned median per unit weight.
 
-**Seed.** ``weight`` × ``nominal`` until the first sample anywhere, then ``weight`` × the fleet's
-learned median per unit weight (``_refresh``): a newcomer starts at the fleet's scale.
-
-**Cap.** At most ``fast_cap`` × the others' median per unit weight: a card whose prompts hit the
-prefix cache *looks* fast, and an uncapped estimate would feed on itself.
+**Cap.** A speed learned from the gateway's timings, on an instance that reports no phases, is held
+to ``fast_cap`` × the others' median: when vLLM does not say which tokens hit its prefix cache, a card
+whose prompts hit it *looks* fast, and uncapped that would feed on itself. Where it reports phases,
+their computed tokens exclude hits, and their computed share discounts a prompt whose hits are unsaid.
 """
 
 from __future__ import annotations
@@ -37,7 +35,8 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+
+from .speed_state import SpeedStat, State
 
 __all__ = ["SpeedEstimator", "SpeedStat"]
 
@@ -46,27 +45,8 @@ __all__ = ["SpeedEstimator", "SpeedStat"]
 _SEED_WEIGHT = 0.1
 #: Small-work samples before an instance's fixed latency is compared with the others'.
 _MIN_BASE_SAMPLES = 3
-
-
-class SpeedStat(NamedTuple):
-    speed: float  # prompt tokens per second of prefill
-    samples: int  # samples taken
-    evidence: float  # samples weighted by the work they covered: full-size-sample equivalents
-
-
-class _State:
-    __slots__ = ("base", "base_n", "evidence", "log_speed", "n", "tpot", "tpot_n", "uncached_ratio", "weight")
-
-    def __init__(self, log_speed: float, weight: float, tpot: float, base: float) -> None:
-        self.log_speed = log_speed
-        self.weight = weight
-        self.n = 0
-        self.evidence = 0.0
-        self.tpot = tpot  # seconds per output token while decoding
-        self.tpot_n = 0  # decode-pace samples seen
-        self.uncached_ratio = 1.0  # recent uncached / prompt tokens: what prefix caching leaves to do
-        self.base = base  # fixed part of a TTFT (seconds), learned from small-work samples
-        self.base_n = 0  # small-work samples seen
+#: At most this many requests of one engine window count as separate samples (some memory stays).
+_MAX_WINDOW_WEIGHT = 8.0
 
 
 def _median_without(ordered: list[float], i: int) -> float:
@@ -107,7 +87,7 @@ class SpeedEstimator:
         self._tpot = decode_seconds_per_token
         self._small = max(0.0, small_tokens)
         self._base_prior = max(0.0, base_latency)
-        self._states: dict[str, _State] = {}
+        self._states: dict[str, State] = {}
         self._speeds: dict[str, float] = {}
         self._base = nominal
         # What dispatch reads per instance, (speed, base latency, seconds per output token), rebuilt
@@ -133,7 +113,7 @@ class SpeedEstimator:
         state = self._states.get(name)
         self._fresh()
         if state is None:
-            self._states[name] = _State(math.log(weight * self._base), weight, self._tpot, self._base_prior)
+            self._states[name] = State(math.log(weight * self._base), weight, self._tpot, self._base_prior)
         else:
             state.weight = weight
         self._stale = True
@@ -150,7 +130,7 @@ class SpeedEstimator:
         ):
             self._refresh()
 
-    def _state(self, name: str) -> _State:
+    def _state(self, name: str) -> State:
         state = self._states.get(name)
         if state is None:
             self.seed(name)
@@ -161,17 +141,12 @@ class SpeedEstimator:
         """Recompute the speeds dispatch reads (after every change; O(n log n) in the fleet size).
 
         An instance without samples sits at its weight × the fleet's learned median per unit weight,
-        not at a stale seed: otherwise a slow card with no first token yet would look like the fastest
-        and draw the burst. A learned speed is capped at ``fast_cap`` × the others' median (per unit
-        weight): prefix-cache hits make a card *look* fast (little prefill per prompt token), and
-        uncapped, that would draw ever more traffic to it, deepen its queue, and inflate it further.
-
-        An instance with less than one full-size sample of speed evidence but whose fixed latency
-        (``base``) is well above the others' median is scaled down by that ratio (at most 4×, fading
-        as speed evidence comes in): when every prompt it gets is a prefix-cache hit or short, the
-        fixed part is the only sign of a slow card, and on vLLM as in the emulator a card whose
-        every engine step is 2.5× slower also prefills 2.5× slower. Never scaled up: a low base may
-        just be a shorter network path.
+        not at a stale seed (a slow card with no first token yet would look the fastest and draw the
+        burst); the cap of the module docstring applies. One with less than a full-size sample of
+        evidence whose fixed latency is well above the others' is scaled down by that ratio (at most
+        4×, fading as evidence comes in): when all it gets are cache hits or short prompts, that is the
+        only sign of a slow card, and a card whose every step is slower prefills slower. Never scaled
+        up: a low base may just be a shorter network path.
         """
         bases = {
             n: st.base for n, st in self._states.items() if st.base_n >= _MIN_BASE_SAMPLES and st.base > 0
@@ -183,8 +158,10 @@ class SpeedEstimator:
         self._base = statistics.median(values) if values else self._nominal
         speeds = {name: st.weight * self._base for name, st in self._states.items()}
         for i, (value, name) in enumerate(learned):
-            weight = self._states[name].weight
-            cap = self._fast_cap * _median_without(values, i) if len(values) > 1 else math.inf
+            state = self._states[name]
+            weight = state.weight
+            capped = len(values) > 1 and state.guessed and not state.engine
+            cap = self._fast_cap * _median_without(values, i) if capped else math.inf
             speeds[name] = weight * min(value, cap)
         for name, st in self._states.items():
             own = bases.get(name)
@@ -209,7 +186,7 @@ class SpeedEstimator:
 
     # --- samples -------------------------------------------------------------------------------------
 
-    def _learn(self, state: _State, sample: float, work: float, trust: float) -> float:
+    def _learn(self, state: State, sample: float, work: float, trust: float, *, count: float = 1.0) -> float:
         if state.evidence <= 0:  # start from the fleet's scale, not from a seed that may be stale
             self._fresh()
             state.log_speed = math.log(state.weight * self._base)
@@ -217,25 +194,21 @@ class SpeedEstimator:
         if state.evidence >= 3.0:  # warm: one stalled or lucky request moves the estimate only so far
             lo, hi = state.log_speed - self._log_clamp, state.log_speed + self._log_clamp
             log_sample = min(hi, max(lo, log_sample))
-        weight = trust * work / (work + self._ref)
-        # A weighted running mean (the seed counting as a tenth of a sample) until the EWMA is faster.
-        alpha = max(self._alpha * weight, weight / (state.evidence + weight + _SEED_WEIGHT))
+        weight = trust * work / (work + self._ref) * count
+        # A weighted running mean (the seed counting as a tenth of a sample) until the EWMA is faster;
+        # ``count`` equal samples at once move the EWMA as far as that many one by one.
+        ewma = 1.0 - (1.0 - self._alpha) ** weight
+        alpha = max(ewma, weight / (state.evidence + weight + _SEED_WEIGHT))
         state.log_speed += alpha * (log_sample - state.log_speed)
-        state.n += 1
+        state.n += max(1, round(count))
         state.evidence += weight
         self._stale = True
         return math.exp(log_sample)
 
-    def _work(self, state: _State, ahead: float, uncached: float, prompt: float | None) -> float:
-        """Prefill work the sample covers, with the work ahead discounted for prefix-cache hits.
-
-        ``ahead_tokens`` is what the gateway booked for the requests ahead at dispatch: their whole
-        prompts. On an instance whose prompts mostly hit the cache, most of that was never
-        prefilled; scaling it by the instance's recent uncached share keeps the learned speed the
-        card's real prefill speed, so cache hits do not pass for a fast card, and ``_sample`` trusts
-        a sample by the share of its work that was measured (its own uncached tokens) rather than
-        estimated (the discounted work ahead).
-        """
+    def _work(self, state: State, ahead: float, uncached: float, prompt: float | None) -> float:
+        """Prefill work the sample covers, the work booked ahead (whole prompts) discounted by the
+        instance's recent uncached share: on a card whose prompts mostly hit the cache most of it was
+        never prefilled, and cache hits must not pass for a fast card."""
         if prompt is not None and prompt > 0:
             ratio = min(1.0, max(0.01, uncached / prompt))
             state.uncached_ratio += max(0.3, 1.0 / (state.n + state.base_n + 1)) * (
@@ -243,25 +216,26 @@ class SpeedEstimator:
             )
         return max(0.0, ahead) * state.uncached_ratio + max(0.0, uncached)
 
-    def _sample(self, state: _State, own: float, work: float, seconds: float, trust: float) -> float | None:
+    def _sample(
+        self, state: State, own: float, work: float, seconds: float, trust: float, *, count: float = 1.0
+    ) -> float | None:
         """Split one (work, seconds-to-first-token) observation into the fixed part and the speed.
 
         Small work (< ``small_tokens``) is mostly fixed latency: it updates ``base`` only. Larger work
-        is a speed sample over the time left after ``base`` (never less than a quarter of the whole,
-        so a base learned on a quiet instance cannot turn a busy one's sample into an absurd speed).
-        The sample is trusted in proportion to the share of its work that was measured (``own``:
-        the prompt less the ``cached_tokens`` the instance reported) rather than booked ahead at
-        dispatch (an estimate: prefix-cache hits, requests that were already half prefilled). Booked
-        work that never happened would read as a fast card, draw more traffic and inflate itself.
+        is a speed sample over the time left after ``base`` (never under a quarter of the whole, so a
+        base learned on a quiet instance cannot turn a busy one's sample into an absurd speed), trusted
+        by the share of its work that was measured (``own``: its uncached prompt) rather than booked
+        ahead (an estimate: booked work that never happened would read as a fast card and feed on it).
         """
         trust *= own / max(work, 1e-9)
         if work < self._small:
             state.base_n += 1
-            state.base += max(0.2, 1.0 / state.base_n) * (seconds - state.base)
+            step = max(0.2, 1.0 / state.base_n)
+            state.base += (1.0 - (1.0 - step) ** count) * (seconds - state.base)
             self._stale = True
             return None
         prefill = max(seconds - state.base, 0.25 * seconds)
-        return self._learn(state, work / prefill, work, trust)
+        return self._learn(state, work / prefill, work, trust, count=count)
 
     def observe_first_token(
         self,
@@ -269,20 +243,35 @@ class SpeedEstimator:
         *,
         ttft: float,
         ahead_tokens: float,
-        uncached_tokens: float,
+        uncached_tokens: float | None,
         prompt_tokens: float | None = None,
+        exact: bool = False,
+        queued: bool = False,
     ) -> float | None:
         """Learn from a first token after ``ttft`` s; returns the sample used, or None if unusable.
 
-        ``prompt_tokens`` (the whole prompt, cached part included) lets the estimator learn how much
-        of this instance's queued work the prefix cache saves; without it, none is assumed.
+        ``prompt_tokens`` (cache hits included) teaches how much of the queued work the prefix cache
+        saves. ``uncached_tokens`` None: vLLM did not say which were hits; where the engine reports
+        its phases, its computed share stands in. ``exact``: nothing could hit the cache (a salted
+        warm-up). ``queued``: the engine had requests waiting, so the TTFT may include a wait for a
+        batch slot no booked work explains; where the engine reports phases, its window teaches it.
         """
+        state = self._state(name)
+        if uncached_tokens is None:
+            if not state.engine or prompt_tokens is None:
+                uncached_tokens = prompt_tokens or 0.0
+            else:
+                uncached_tokens = prompt_tokens * state.uncached_ratio
+                prompt_tokens = None  # the ratio is the engine's: nothing new to learn from it here
         if not (ttft > 0 and math.isfinite(ttft) and math.isfinite(ahead_tokens + uncached_tokens)):
             return None
-        state = self._state(name)
+        if queued and state.engine:
+            return None
         work = self._work(state, ahead_tokens, uncached_tokens, prompt_tokens)
         if work <= 0:
             return None
+        state.guessed |= not exact
+        state.taught += 1
         return self._sample(state, max(0.0, uncached_tokens), work, ttft, 1.0)
 
     def observe_completion(
@@ -296,63 +285,65 @@ class SpeedEstimator:
         prompt_tokens: float | None = None,
         ttft: float | None = None,
     ) -> float | None:
-        """Learn from a finished request.
-
-        With ``ttft`` (streams) this learns the decode pace only: the prefill sample came from
-        ``observe_first_token``. Without it, it estimates the prefill time as the duration minus the
-        decode time and returns the speed sample used (None when decoding dominates or data is bad).
-        """
+        """Learn from a finished request: with ``ttft`` (streams) its decode pace only; without, the
+        prefill as the duration less the decode at the pace learned from streams. Returns the speed
+        sample used (None when no pace is known yet, decoding dominates, or data is bad)."""
         if not (duration > 0 and math.isfinite(duration)):
             return None
         state = self._state(name)
         if ttft is not None:
+            if state.engine:
+                return None  # the engine's window teaches the decode pace
             if completion_tokens > 1 and duration > ttft:
                 pace = (duration - ttft) / (completion_tokens - 1)
                 state.tpot += 0.2 * (pace - state.tpot)
                 state.tpot_n += 1
                 self._stale = True
             return None
-        if not math.isfinite(ahead_tokens + uncached_tokens):
+        decoded = max(0, completion_tokens - 1)
+        if state.engine:
+            return None  # its prefill is in the engine's window, without the decode to guess at
+        if not math.isfinite(ahead_tokens + uncached_tokens) or (decoded and not state.tpot_n):
             return None
         work = self._work(state, ahead_tokens, uncached_tokens, prompt_tokens)
-        prefill = duration - max(0, completion_tokens - 1) * state.tpot
+        prefill = duration - decoded * state.tpot
         if work <= 0 or prefill < 0.25 * duration:
             return None
+        state.guessed = True
+        state.taught += 1
         return self._sample(state, max(0.0, uncached_tokens), work, prefill, 0.5)  # less sure than a TTFT
 
-    def observe(
+    def observe_engine(
         self,
         name: str,
         *,
-        ahead_tokens: float,
-        uncached_tokens: float,
-        seconds: float,
-        completion_tokens: int = 0,
+        requests: float,
+        prefill_seconds: float,
+        computed_tokens: float,
         prompt_tokens: float | None = None,
-        now: float | None = None,
+        decode_seconds_per_token: float | None = None,
     ) -> float | None:
-        """One entry point for the gateway: ``seconds`` is the TTFT of a stream (``completion_tokens``
-        0), or the whole duration of a non-streamed response with its ``completion_tokens``.
-
-        ``now`` is accepted for call-site symmetry and unused: learning is driven by samples, not time.
-        """
-        del now
-        if completion_tokens <= 0:
-            return self.observe_first_token(
-                name,
-                ttft=seconds,
-                ahead_tokens=ahead_tokens,
-                uncached_tokens=uncached_tokens,
-                prompt_tokens=prompt_tokens,
-            )
-        return self.observe_completion(
-            name,
-            duration=seconds,
-            completion_tokens=completion_tokens,
-            ahead_tokens=ahead_tokens,
-            uncached_tokens=uncached_tokens,
-            prompt_tokens=prompt_tokens,
-        )
+        """Learn from what the engine measured over one scrape window (means per finished request),
+        for the requests of it not already learned from one by one. Returns the speed sample used."""
+        if not (requests >= 1 and prefill_seconds > 0 and math.isfinite(prefill_seconds + computed_tokens)):
+            return None
+        state = self._state(name)
+        state.engine = True
+        untaught = max(0.0, requests - state.taught)
+        state.taught = 0
+        count = min(untaught, _MAX_WINDOW_WEIGHT)
+        pace = decode_seconds_per_token
+        if pace is not None and pace > 0 and math.isfinite(pace):
+            state.tpot += (1.0 - 0.8**count) * (pace - state.tpot)
+            state.tpot_n += 1
+            self._stale = True
+        if prompt_tokens is not None and prompt_tokens > 0:
+            ratio = min(1.0, max(0.01, computed_tokens / prompt_tokens))
+            step = max(0.3, 1.0 / (state.n + state.base_n + 1))
+            state.uncached_ratio += step * (ratio - state.uncached_ratio)
+        if computed_tokens <= 0 or count < 0.5:
+            return None
+        return self._sample(state, computed_tokens, computed_tokens, prefill_seconds, 1.0, count=count)
 
     # --- reading -------------------------------------------------------------------------------------
 
@@ -377,11 +368,9 @@ class SpeedEstimator:
         return 1.0 if state is None else state.uncached_ratio
 
     def base_latency(self, name: str) -> float:
-        """The fixed part of this instance's TTFT (seconds): what even a tiny prompt waits.
-
-        Until the instance has answered a small request itself, the median of the instances that
-        have: an instance that never answers (hung, just added) must not look the quickest.
-        """
+        """The fixed part of this instance's TTFT (seconds): what even a tiny prompt waits. Until it
+        has answered a small request itself, the median of those that have (an instance that never
+        answers must not look the quickest)."""
         self._fresh()
         params = self._params.get(name)
         if params is not None:
@@ -389,18 +378,16 @@ class SpeedEstimator:
         return self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
 
     def decode_seconds_per_token(self, name: str) -> float:
-        """Learned seconds per output token. Until this instance has streamed a completion: the
-        fleet's median, scaled up by how much slower the card has shown itself otherwise (its
-        learned prefill speed against the others', or its fixed latency against theirs; at most
-        4x, never scaled down): a card whose every engine step is slower decodes slower too, and
-        before its first answer (the warm-up's prefill, cache hits) that is the only sign of it."""
+        """Learned seconds per output token. Until this instance has a decode sample: the fleet's
+        median, scaled up (at most 4x) by how much slower its prefill speed or fixed latency has
+        shown it to be: a card whose every engine step is slower decodes slower too."""
         self._fresh()
         params = self._params.get(name)
         if params is not None:
             return params[2]
         return self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
 
-    def _unknown_tpot(self, name: str, state: _State, median: float) -> float:
+    def _unknown_tpot(self, name: str, state: State, median: float) -> float:
         """``decode_seconds_per_token`` of an instance without a decode sample (see there); reads
         the speeds ``_refresh`` has just set."""
         speeds = self._speeds
@@ -413,7 +400,7 @@ class SpeedEstimator:
             factor = max(factor, state.base / statistics.median(bases))
         return median * min(4.0, max(1.0, factor))
 
-    def _fleet_median(self, value: Callable[[_State], float | None], default: float) -> float:
+    def _fleet_median(self, value: Callable[[State], float | None], default: float) -> float:
         known = [v for v in map(value, self._states.values()) if v is not None]
         return statistics.median(known) if known else default
 

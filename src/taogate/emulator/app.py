@@ -10,7 +10,8 @@ Endpoints (vLLM's OpenAI-compatible server plus emulator controls):
 ``GET  /version``                     ``{"version": ...}``
 ``POST /v1/completions``              text completions, stream or not (see ``generation``)
 ``POST /v1/chat/completions``         chat completions, stream or not
-``POST /v1/embeddings``               deterministic unit vectors (float or base64)
+``POST /v1/embeddings``               deterministic unit vectors (float or base64); 404 when
+                                      ``embeddings`` is off, as on a vLLM serving a generative model
 ``POST /v1/messages``                 the Anthropic Messages API over chat (see ``anthropic``)
 ``POST /v1/messages/count_tokens``    the prompt's tokens
 ``POST /v1/responses``                Responses over chat, stored per process (``responses_api``)
@@ -20,6 +21,8 @@ Endpoints (vLLM's OpenAI-compatible server plus emulator controls):
 ``GET|POST /emulator/faults``         read / merge run-time faults
 ``GET  /emulator/stats``              counters and recent request records
 ====================================  =========================================================
+
+Where the emulator still differs from vLLM on the wire, and why, is listed in ``conformance``.
 """
 
 from __future__ import annotations
@@ -31,20 +34,21 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from taogate.emulator.anthropic import handle_count_tokens, handle_messages
-from taogate.emulator.asgi import read_body, send_bytes
+from taogate.emulator.asgi import header, read_body, send_bytes
 from taogate.emulator.clock import Clock
 from taogate.emulator.config import EmulatorConfig, FaultsError
-from taogate.emulator.errors import ApiError, error_body
+from taogate.emulator.errors import ApiError
 from taogate.emulator.generation import handle_embeddings, handle_generation
 from taogate.emulator.instance import EmulatorInstance
 from taogate.emulator.metrics import CONTENT_TYPE
-from taogate.emulator.protocol import parse_chat, parse_completion, parse_json, tokenize_ids
+from taogate.emulator.protocol import parse_chat, parse_completion, parse_json, require_json, tokenize_ids
 from taogate.emulator.responses_api import PREFIX, handle_response_item, handle_responses
 
 __all__ = ["VLLM_VERSION", "EmulatorApp", "create_emulator_app"]
 
 # The vLLM release whose protocol this emulates, marked so nobody mistakes it for the real thing.
-VLLM_VERSION = "0.11.0+taogate.emulator"
+VLLM_VERSION = "0.32.0+taogate.emulator"
+_NOT_FOUND = b'{"detail":"Not Found"}'  # FastAPI's shape, which is what vLLM answers for unknown paths
 
 Handler = Callable[[EmulatorInstance, Scope, Receive, Send], Awaitable[None]]
 
@@ -54,11 +58,11 @@ def _json(payload: Any) -> bytes:
 
 
 async def _health(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
-    await send_bytes(send, 503 if inst.faults.unhealthy else 200, b"")
+    await send_bytes(send, 503 if inst.faults.unhealthy else 200, b"", content_type=None)
 
 
 async def _ping(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
-    await send_bytes(send, 503 if inst.faults.unhealthy else 200, b"")
+    await send_bytes(send, 503 if inst.faults.unhealthy else 200, b"", content_type=None)
 
 
 async def _load(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
@@ -75,7 +79,22 @@ async def _models(inst: EmulatorInstance, scope: Scope, receive: Receive, send: 
         "root": c.model,
         "parent": None,
         "max_model_len": c.max_model_len,
-        "permission": [],
+        "permission": [
+            {
+                "id": f"modelperm-{inst.created:016x}",
+                "object": "model_permission",
+                "created": inst.created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
     }
     await send_bytes(send, 200, _json({"object": "list", "data": [card]}))
 
@@ -85,6 +104,8 @@ async def _version(inst: EmulatorInstance, scope: Scope, receive: Receive, send:
 
 
 async def _metrics(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
+    if inst.faults.metrics_delay > 0:
+        await inst.clock.sleep(inst.faults.metrics_delay)
     await send_bytes(send, 200, inst.metrics_text(), content_type=CONTENT_TYPE.encode())
 
 
@@ -92,14 +113,19 @@ async def _stats(inst: EmulatorInstance, scope: Scope, receive: Receive, send: S
     await send_bytes(send, 200, _json(inst.stats()))
 
 
-async def _json_body(receive: Receive) -> dict[str, Any] | None:
+async def _json_body(scope: Scope, receive: Receive, *, strict: bool = True) -> dict[str, Any] | None:
+    """The JSON object body; ``strict``: refused unless sent as application/json (vLLM's check)."""
     body = await read_body(receive)
-    return None if body is None else parse_json(body)
+    if body is None:
+        return None
+    if strict:
+        require_json(header(scope, b"content-type"))
+    return parse_json(body)
 
 
 async def _faults(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
     if scope["method"] == "POST":
-        update = await _json_body(receive)
+        update = await _json_body(scope, receive, strict=False)
         if update is None:
             return
         try:
@@ -110,7 +136,7 @@ async def _faults(inst: EmulatorInstance, scope: Scope, receive: Receive, send: 
 
 
 async def _tokenize(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
-    payload = await _json_body(receive)
+    payload = await _json_body(scope, receive)
     if payload is None:
         return
     ids = tokenize_ids(payload, inst.tokenizer, inst.config)
@@ -119,7 +145,7 @@ async def _tokenize(inst: EmulatorInstance, scope: Scope, receive: Receive, send
 
 
 async def _detokenize(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send) -> None:
-    payload = await _json_body(receive)
+    payload = await _json_body(scope, receive)
     if payload is None:
         return
     tokens = payload.get("tokens")
@@ -172,21 +198,22 @@ class EmulatorApp:
             await self._lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = _ROUTES.get(scope["path"].rstrip("/") or "/")
-        if route is None and scope["path"].startswith(PREFIX):
+        path = scope["path"].rstrip("/") or "/"
+        route = _ROUTES.get(path)
+        if route is None and path.startswith(PREFIX):
             route = (frozenset({"GET", "POST", "DELETE"}), handle_response_item)
-        if route is None:
-            # FastAPI's shape, which is what vLLM answers for unknown paths.
-            await send_bytes(send, 404, b'{"detail":"Not Found"}')
+        if route is None or (path == "/v1/embeddings" and not self.instance.config.embeddings):
+            await send_bytes(send, 404, _NOT_FOUND)
             return
         methods, handler = route
         if scope["method"] not in methods:
-            await send_bytes(send, 405, b'{"detail":"Method Not Allowed"}')
+            allow = ", ".join(sorted(methods)).encode()
+            await send_bytes(send, 405, b'{"detail":"Method Not Allowed"}', headers=[(b"allow", allow)])
             return
         try:
             await handler(self.instance, scope, receive, send)
         except ApiError as err:
-            await send_bytes(send, err.status, error_body(err.status, err.message, err.param))
+            await send_bytes(send, err.status, err.body())
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:  # bounded by the server: startup, then shutdown

@@ -48,20 +48,13 @@ async def send_bytes(
     send: Send,
     status: int,
     body: bytes,
-    content_type: bytes = JSON,
+    content_type: bytes | None = JSON,
     headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
+    """A whole response; ``content_type`` None sends none (vLLM's empty ``/health`` and ``/ping``)."""
+    head = [(b"content-type", content_type)] if content_type is not None else []
+    head.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": [*head, *headers]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -70,11 +63,7 @@ async def start_stream(send: Send, headers: Iterable[tuple[bytes, bytes]] = ()) 
         {
             "type": "http.response.start",
             "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache"),
-                *headers,
-            ],
+            "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), *headers],
         }
     )
 

@@ -1,7 +1,8 @@
 """``taogate emulate``: run one emulated vLLM server, or a fleet on consecutive ports.
 
 Flags mirror vLLM's where one exists (``--model``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
-``--max-model-len``, ``--enable-prefix-caching``); the rest shape the engine model (``--slowdown``,
+``--max-model-len``, ``--enable-prefix-caching``, ``--block-size``, ``--enable-prompt-tokens-details``,
+``--enable-request-id-headers``); the rest shape the engine model (``--slowdown``,
 ``--prefill-tps``, ...) or inject faults. ``--fleet N`` starts N instances on ports START..START+N-1
 (free ports if START is 0) and ``--slow INDEX=FACTOR`` makes instance INDEX a slow card. Prints
 ``emulator ready URL`` per instance once listening, logs one line per request (grep the tag), and exits
@@ -89,6 +90,14 @@ def emulate(
     decode_tps: Annotated[float, typer.Option(min=1, help="Decode cost, tokens/s per batch.")] = 3_200.0,
     step_overhead: Annotated[float, typer.Option(min=0, help="Fixed seconds per engine step.")] = 0.012,
     kv_cache_tokens: Annotated[int, typer.Option(min=16, help="KV-cache capacity in tokens.")] = 262_144,
+    block_size: Annotated[int, typer.Option(min=1, help="KV-cache block size in tokens.")] = 16,
+    enable_prompt_tokens_details: Annotated[
+        bool, typer.Option(help="usage carries prompt_tokens_details.cached_tokens.")
+    ] = False,
+    enable_request_id_headers: Annotated[bool, typer.Option(help="Answers carry x-request-id.")] = False,
+    embeddings: Annotated[
+        bool, typer.Option(help="Serve /v1/embeddings (vLLM: pooling models only).")
+    ] = True,
     instant: Annotated[bool, typer.Option(help="Bypass the engine: answer at once.")] = False,
     slow: Annotated[list[str] | None, typer.Option(help="INDEX=FACTOR: slow card in the fleet.")] = None,
     error_rate: Annotated[float, typer.Option(min=0, max=1, help="Fraction answered with 500.")] = 0.0,
@@ -97,6 +106,7 @@ def emulate(
     slow_first_byte: Annotated[float, typer.Option(min=0, help="Extra seconds before a response.")] = 0.0,
     close_mid_stream: Annotated[int, typer.Option(min=0, help="Drop streams after N chunks.")] = 0,
     latency_spike: Annotated[float, typer.Option(min=0, help="Extra seconds per engine step.")] = 0.0,
+    metrics_delay: Annotated[float, typer.Option(min=0, help="Extra seconds before /metrics answers.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for the error-rate fault.")] = 0,
     log_level: Annotated[str, typer.Option(help="Log level (request lines are INFO).")] = "info",
 ) -> None:
@@ -108,6 +118,7 @@ def emulate(
         slow_first_byte=slow_first_byte,
         close_mid_stream=close_mid_stream,
         latency_spike=latency_spike,
+        metrics_delay=metrics_delay,
     )
     try:
         base = EmulatorConfig(
@@ -121,6 +132,10 @@ def emulate(
             slowdown=slowdown,
             enable_prefix_caching=enable_prefix_caching,
             kv_cache_tokens=kv_cache_tokens,
+            block_size=block_size,
+            enable_prompt_tokens_details=enable_prompt_tokens_details,
+            enable_request_id_headers=enable_request_id_headers,
+            embeddings=embeddings,
             instant=instant,
             faults=faults,
             seed=seed,

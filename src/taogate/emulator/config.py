@@ -29,6 +29,7 @@ class Faults:
     - ``slow_first_byte``: extra seconds before a generation response starts.
     - ``close_mid_stream``: drop the connection after this many stream chunks (0 = never).
     - ``latency_spike``: extra seconds added to every engine step while set.
+    - ``metrics_delay``: extra seconds before ``GET /metrics`` answers (a busy vLLM renders slowly).
     """
 
     error_rate: float = 0.0
@@ -37,6 +38,7 @@ class Faults:
     slow_first_byte: float = 0.0
     close_mid_stream: int = 0
     latency_spike: float = 0.0
+    metrics_delay: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-able view (for ``GET /emulator/faults``)."""
@@ -92,6 +94,12 @@ class EmulatorConfig:
     kv_cache_tokens: int = 262_144
     block_size: int = 16
     instant: bool = False
+    # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details (cached tokens).
+    enable_prompt_tokens_details: bool = False
+    # vLLM's --enable-request-id-headers: responses carry x-request-id.
+    enable_request_id_headers: bool = False
+    # /v1/embeddings is served (vLLM serving a generative model answers it 404).
+    embeddings: bool = True
     embedding_dim: int = 64
     faults: Faults = field(default_factory=Faults)
     seed: int = 0

@@ -38,6 +38,8 @@ class Tracked:
     max_tokens: int
     record: RequestRecord
     queue: asyncio.Queue[SeqOutput] = field(default_factory=asyncio.Queue)
+    scheduled: float | None = None  # when its first prefill chunk was scheduled (vLLM's SCHEDULED)
+    last_token: float | None = None  # when its latest token came out (inter-token latency)
 
 
 OutputHook = Callable[[Tracked, SeqOutput, float], None]
@@ -123,6 +125,10 @@ class EngineDriver:
                 deadline = clock.now()
                 continue
             now = clock.now()
+            for rid, _ in plan.prefill:
+                started = self._live.get(rid)
+                if started is not None and started.scheduled is None:
+                    started.scheduled = now
             deadline = max(deadline, now - _MAX_CATCHUP_S) + plan.duration + self._extra()
             await clock.sleep(deadline - now)
             for out in engine.update(plan):

@@ -26,8 +26,15 @@ from taogate.emulator.driver import Tracked
 from taogate.emulator.engine import FinishReason
 from taogate.emulator.errors import ApiError
 from taogate.emulator.instance import EmulatorInstance
-from taogate.emulator.protocol import GenerationRequest, parse_embedding, parse_json
-from taogate.emulator.responses import DONE, Response, embedding_body, usage
+from taogate.emulator.protocol import GenerationRequest, parse_embedding, parse_json, require_json
+from taogate.emulator.responses import (
+    DONE,
+    Response,
+    embedding_body,
+    load_metrics_header,
+    stream_usage,
+    usage,
+)
 from taogate.emulator.stats import RequestRecord
 from taogate.emulator.tokenizer import Tokenizer
 
@@ -56,14 +63,20 @@ class _Exchange:
         self.record.finish_reason = "error"
         await send_bytes(self.send, err.status, err.body(), headers=self.headers)
 
-    async def json(self, payload: dict[str, Any]) -> None:
-        await send_bytes(self.send, 200, orjson.dumps(payload), headers=self.headers)
+    async def json(self, payload: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        await send_bytes(self.send, 200, orjson.dumps(payload), headers=[*self.headers, *(extra or ())])
 
 
 async def _begin(inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send, kind: str) -> _Exchange:
-    request_id = header(scope, b"x-request-id") or uuid.uuid4().hex
-    record = inst.begin(request_id, header(scope, b"x-request-tag"), kind)
-    return _Exchange(inst, receive, send, record, [(b"x-request-id", request_id.encode("latin-1"))])
+    """The request's record; its id is the client's ``X-Request-Id`` or 16 fresh hex digits (the body
+    ids' suffix, as in vLLM). Only with ``enable_request_id_headers`` does the answer carry an
+    ``x-request-id`` header: the client's, or a fresh uuid that is not the body id (vLLM's habit)."""
+    client_id = header(scope, b"x-request-id")
+    record = inst.begin(client_id or uuid.uuid4().hex[:16], header(scope, b"x-request-tag"), kind)
+    headers = []
+    if inst.config.enable_request_id_headers:
+        headers.append((b"x-request-id", (client_id or uuid.uuid4().hex).encode("latin-1")))
+    return _Exchange(inst, receive, send, record, headers)
 
 
 async def _pre_engine_faults(ex: _Exchange) -> bool:
@@ -99,6 +112,7 @@ async def handle_generation(
             ex.record.finish_reason = "abort"
             return
         try:
+            require_json(header(scope, b"content-type"))
             req = parser(parse_json(body), inst.tokenizer, inst.config)
             ex.record.prompt_tokens = len(req.prompt_ids)
             if not await _pre_engine_faults(ex):
@@ -107,41 +121,64 @@ async def handle_generation(
             await ex.error(err)
             return
         response = Response(req.kind, ex.record.id, req.model, int(inst.clock.now()))
+        load_format = None if req.stream else header(scope, b"endpoint-load-metrics-format")
         if inst.config.instant:
-            await _instant(ex, req, response)
+            await _instant(ex, req, response, load_format)
         else:
-            await _Generation(ex, req, response).run()
+            await _Generation(ex, req, response, load_format).run()
     finally:
         inst.end(ex.record)
 
 
-async def _instant(ex: _Exchange, req: GenerationRequest, resp: Response) -> None:
+async def _instant(ex: _Exchange, req: GenerationRequest, resp: Response, load_format: str | None) -> None:
     """Engine bypassed (gateway-overhead benchmarks): same shapes, no modelled time."""
     record = ex.record
+    details = ex.inst.config.enable_prompt_tokens_details
     words = [" " + Tokenizer.generated_word(req.prompt_ids, i) for i in range(req.max_tokens)]
     record.first_token = ex.inst.clock.now()
     record.completion_tokens = len(words)
     record.finish_reason = "length"
-    use = usage(len(req.prompt_ids), len(words), 0)
+    prompt = len(req.prompt_ids)
     if not req.stream:
-        await ex.json(resp.full("".join(words), "length", use))
+        body = resp.full("".join(words), "length", usage(prompt, len(words), 0, details=details))
+        await ex.json(body, _load_header(ex, load_format))
         return
     parts = [resp.role_chunk()] if req.kind == "chat" else []
-    parts += [resp.chunk(w, "length" if i == len(words) - 1 else None) for i, w in enumerate(words)]
+    last = len(words) - 1
+    for i, w in enumerate(words):
+        running = stream_usage(prompt, i + 1, 0, details=details) if req.continuous_usage else None
+        parts.append(
+            resp.chunk(
+                w,
+                "length" if i == last else None,
+                fingerprint=i == last and not req.include_usage,
+                usage_=running,
+            )
+        )
     if req.include_usage:
-        parts.append(resp.usage_chunk(use))
+        parts.append(resp.usage_chunk(stream_usage(prompt, len(words), 0, details=details)))
     parts.append(DONE)
     await start_stream(ex.send, ex.headers)
     await ex.send({"type": "http.response.body", "body": b"".join(parts)})
 
 
+def _load_header(ex: _Exchange, load_format: str | None) -> list[tuple[bytes, bytes]]:
+    if load_format is None:
+        return []
+    engine = ex.inst.engine
+    return load_metrics_header(load_format, engine.num_waiting, engine.kv_usage)
+
+
 class _Generation:
     """A completion or chat request served by the engine, streamed or collected."""
 
-    def __init__(self, ex: _Exchange, req: GenerationRequest, resp: Response) -> None:
+    def __init__(
+        self, ex: _Exchange, req: GenerationRequest, resp: Response, load_format: str | None
+    ) -> None:
         self.ex = ex
         self.req = req
         self.resp = resp
+        self.load_format = load_format
         self.tracked = Tracked(ex.inst.new_engine_id(ex.record.id), req.prompt_ids, req.max_tokens, ex.record)
 
     async def run(self) -> None:
@@ -176,9 +213,11 @@ class _Generation:
             return "", None
         return " " + word, out.finish_reason
 
-    def _usage(self) -> dict[str, Any]:
+    def _usage(self, *, streamed: bool = False) -> dict[str, Any]:
         r = self.ex.record
-        return usage(r.prompt_tokens, r.completion_tokens, r.cached_tokens)
+        details = self.ex.inst.config.enable_prompt_tokens_details
+        build = stream_usage if streamed else usage
+        return build(r.prompt_tokens, r.completion_tokens, r.cached_tokens, details=details)
 
     async def _full(self) -> None:
         parts: list[str] = []
@@ -188,7 +227,8 @@ class _Generation:
             if reason is not None:
                 break
         if reason != "abort":  # after an abort the client is gone; nobody to answer
-            await self.ex.json(self.resp.full("".join(parts), reason, self._usage()))
+            body = self.resp.full("".join(parts), reason, self._usage())
+            await self.ex.json(body, _load_header(self.ex, self.load_format))
 
     async def _stream(self) -> None:
         ex, resp = self.ex, self.resp
@@ -201,11 +241,14 @@ class _Generation:
                 return
             if not text and reason is None:
                 continue  # a stop word was swallowed; its finish follows
-            parts = [resp.role_chunk()] if self.req.kind == "chat" and sent == 0 else []
-            parts.append(resp.chunk(text, reason))
-            if reason is not None:
-                if self.req.include_usage:
-                    parts.append(resp.usage_chunk(self._usage()))
+            req = self.req
+            running = self._usage(streamed=True) if req.continuous_usage else None
+            parts = [resp.role_chunk(running)] if req.kind == "chat" and sent == 0 else []
+            last = reason is not None
+            parts.append(resp.chunk(text, reason, fingerprint=last and not req.include_usage, usage_=running))
+            if last:
+                if req.include_usage:
+                    parts.append(resp.usage_chunk(self._usage(streamed=True)))
                 parts.append(DONE)
             await ex.send(
                 {"type": "http.response.body", "body": b"".join(parts), "more_body": reason is None}
@@ -228,6 +271,7 @@ async def handle_embeddings(inst: EmulatorInstance, scope: Scope, receive: Recei
             record.finish_reason = "abort"
             return
         try:
+            require_json(header(scope, b"content-type"))
             req = parse_embedding(parse_json(body), inst.tokenizer, inst.config)
             record.prompt_tokens = sum(len(ids) for ids in req.inputs)
             if not await _pre_engine_faults(ex):

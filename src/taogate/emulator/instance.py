@@ -19,7 +19,7 @@ from taogate.emulator.clock import Clock, SystemClock
 from taogate.emulator.config import EmulatorConfig, Faults
 from taogate.emulator.driver import EngineDriver, Tracked
 from taogate.emulator.engine import Engine, EngineConfig, SeqOutput
-from taogate.emulator.metrics import EmulatorMetrics
+from taogate.emulator.metrics import EmulatorMetrics, Finished
 from taogate.emulator.stats import RequestRecord, StatsBook
 from taogate.emulator.tokenizer import Tokenizer
 
@@ -37,7 +37,7 @@ class EmulatorInstance:
         self.faults: Faults = config.faults.copy()
         self.created = int(time.time())
         self.engine = Engine(EngineConfig.from_emulator(config))
-        self.metrics = EmulatorMetrics(config.model)
+        self.metrics = EmulatorMetrics(config)
         self.tokenizer = Tokenizer()
         self.book = StatsBook(config.records_kept)
         self.rng = random.Random(config.seed)
@@ -124,9 +124,28 @@ class EmulatorInstance:
         if out.index is not None:
             m.generation_tokens.inc()
             record.completion_tokens += 1
+            if tracked.last_token is not None:
+                m.itl.observe(now - tracked.last_token)
+            tracked.last_token = now
         if out.finish_reason is not None:
-            m.finished(out.finish_reason)
-            if out.finish_reason != "abort":
-                m.e2e.observe(now - record.arrival)
+            m.finished(self._phases(tracked, out, now))
             record.finish = now
             record.finish_reason = out.finish_reason
+
+    @staticmethod
+    def _phases(tracked: Tracked, out: SeqOutput, now: float) -> Finished:
+        record = tracked.record
+        arrival = record.arrival
+        scheduled = tracked.scheduled if tracked.scheduled is not None else now
+        first = record.first_token if record.first_token is not None else now
+        return Finished(
+            reason=out.finish_reason or "stop",
+            queued=max(0.0, scheduled - arrival),
+            prefill=max(0.0, first - scheduled),
+            decode=max(0.0, now - first),
+            e2e=now - arrival,
+            prompt_tokens=len(tracked.prompt_ids),
+            cached_tokens=out.num_cached_tokens,
+            generation_tokens=record.completion_tokens,
+            max_tokens=tracked.max_tokens,
+        )

@@ -2,19 +2,22 @@
 
 No pydantic per request on purpose (this emulator is also the "direct" baseline in benchmarks): bodies
 are parsed with orjson and only the fields the emulator acts on are checked. Checks and messages follow
-vLLM: unknown model → 404, prompt beyond ``max_model_len`` → 400, malformed JSON / missing fields → 400.
+vLLM 0.32: unknown model → 404, a prompt beyond ``max_model_len`` → 400, ``max_tokens`` clamped to the
+room the prompt leaves; malformed JSON, wrong types and a missing Content-Type are request-validation
+400s (see ``errors``), and lax types are coerced as pydantic does (``"stream": "yes"`` streams).
 ``n > 1`` and batched prompts are refused with 400 (one choice per request keeps streams simple).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
 from taogate.emulator.config import EmulatorConfig
-from taogate.emulator.errors import ApiError, bad_request
+from taogate.emulator.errors import ApiError, bad_request, validation_error
 from taogate.emulator.tokenizer import Tokenizer, render_chat
 
 __all__ = [
@@ -25,12 +28,17 @@ __all__ = [
     "parse_completion",
     "parse_embedding",
     "parse_json",
+    "require_json",
     "tokenize_ids",
 ]
 
 DEFAULT_MAX_TOKENS = 16
 
 Kind = Literal["completion", "chat"]
+
+# pydantic's lax booleans, which vLLM's request models accept (``"stream": "yes"`` streams).
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     stop: frozenset[str]
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +60,28 @@ class EmbeddingRequest:
     base64: bool
 
 
+def _detail(kind: str, loc: str, msg: str, value: Any) -> str:
+    """One pydantic error as vLLM prints it inside its ``1 validation error:`` message."""
+    return str({"type": kind, "loc": loc, "msg": msg, "input": value})
+
+
+def require_json(content_type: str | None) -> None:
+    """vLLM refuses a JSON endpoint's request unless its media type is ``application/json``."""
+    if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
+        raise validation_error("Unsupported Media Type: Only 'application/json' is allowed", None)
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        raise validation_error(_detail("missing", "body", "Field required", "None"), "body")
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"malformed JSON body: {exc}") from None
+        loc = f"body.{exc.pos}"
+        raise validation_error(_detail("json_invalid", loc, "JSON decode error", exc.msg), loc) from None
     if not isinstance(payload, dict):
-        raise bad_request("request body must be a JSON object")
+        msg = "Input should be a valid dictionary or object to extract fields from"
+        raise validation_error(_detail("model_attributes_type", "body", msg, type(payload).__name__), "body")
     return payload
 
 
@@ -66,7 +90,7 @@ def _model(payload: dict[str, Any], config: EmulatorConfig) -> str:
     if model is None:
         return config.model  # vLLM serves its default model when none is named
     if model != config.model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {config.model}.", "model")
     return config.model
 
 
@@ -103,47 +127,98 @@ def _bool(payload: dict[str, Any], name: str, default: bool = False) -> bool:
     value = payload.get(name)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise bad_request(f"`{name}` must be a boolean", name)
-    return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    loc = f"body.{name}"
+    msg = "Input should be a valid boolean, unable to interpret input"
+    raise validation_error(_detail("bool_parsing", loc, msg, value), loc)
+
+
+_LAX = {"float": "a number", "int": "an integer"}
+
+
+def _lax_error(kind: str, name: str, value: Any) -> ApiError:
+    """pydantic's lax-mode refusal of ``value`` for a ``kind`` (float or int) field."""
+    what = _LAX[kind]
+    loc = f"body.{name}"
+    msg = f"Input should be a valid {what.split()[1]}, unable to parse string as {what}"
+    return validation_error(_detail(f"{kind}_parsing", loc, msg, value), loc)
+
+
+def _number(payload: dict[str, Any], name: str) -> float | None:
+    """A lax float field (a numeric string is accepted, as pydantic does)."""
+    value = payload.get(name)
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return None if value is None else float(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    raise _lax_error("float", name, value)
+
+
+def _integer(value: Any, name: str) -> int:
+    """A lax int field (an integral float or a numeric string is accepted, as pydantic does)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    raise _lax_error("int", name, value)
 
 
 def _max_tokens(
     payload: dict[str, Any], names: tuple[str, ...], prompt_len: int, config: EmulatorConfig
 ) -> int:
+    """vLLM's checks: the prompt must fit the context, ``max_tokens`` must be 1..max_model_len,
+    and is then clamped to the room the prompt leaves."""
     limit = config.max_model_len
-    if prompt_len >= limit:
+    if prompt_len > limit:
+        # vLLM tokenizes with truncation at limit + 1, so it never knows more than "at least" that.
+        shown = limit + 1
         raise bad_request(
-            f"This model's maximum context length is {limit} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
-            "messages" if "max_completion_tokens" in names else "prompt",
+            f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+            f"at least {shown} input tokens, which exceeds this limit even without any output "
+            f"tokens. Please reduce the length of the input prompt. (parameter=input_tokens, "
+            f"value={shown})",
+            "input_tokens",
         )
-    value = next((payload[n] for n in names if payload.get(n) is not None), None)
-    if value is None:
-        return min(DEFAULT_MAX_TOKENS, limit - prompt_len)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise bad_request(f"`{names[-1]}` must be an integer >= 1", names[-1])
-    if prompt_len + value > limit:
+    name = next((n for n in names if payload.get(n) is not None), None)
+    if name is None:
+        return max(1, min(DEFAULT_MAX_TOKENS, limit - prompt_len))
+    value = _integer(payload[name], name)
+    if value < 1:
+        raise bad_request(f"{name} must be at least 1, got {value}. (parameter={name}, value={value})", name)
+    if value > limit:
         raise bad_request(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt_len + value} tokens ({prompt_len} in the messages, {value} in the completion). "
-            "Please reduce the length of the messages or completion.",
-            names[-1],
+            f"{name}={value} cannot be greater than max_model_len={limit}. Please request fewer "
+            f"output tokens. (parameter={name}, value={value})",
+            name,
         )
-    return value
+    return max(1, min(value, limit - prompt_len))
 
 
-def _common(payload: dict[str, Any]) -> tuple[bool, bool, frozenset[str]]:
+def _common(payload: dict[str, Any]) -> tuple[bool, bool, bool, frozenset[str]]:
+    temperature = _number(payload, "temperature")
+    _number(payload, "top_p")
     n = payload.get("n")
     if n is not None and n != 1:
+        if temperature == 0:
+            raise bad_request(f"n must be 1 when using greedy sampling, got {n}.")
         raise bad_request("n > 1 is not supported by the emulator", "n")
     stream = _bool(payload, "stream")
     options = payload.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if options is not None:
         if not isinstance(options, dict):
             raise bad_request("`stream_options` must be an object", "stream_options")
         include_usage = bool(options.get("include_usage"))
+        continuous = bool(options.get("continuous_usage_stats"))
     stop = payload.get("stop")
     if stop is None:
         stops: frozenset[str] = frozenset()
@@ -154,30 +229,44 @@ def _common(payload: dict[str, Any]) -> tuple[bool, bool, frozenset[str]]:
     else:
         raise bad_request("`stop` must be a string or a list of strings", "stop")
     _bool(payload, "ignore_eos")  # accepted (the emulator never emits EOS on its own anyway)
-    return stream, include_usage, stops
+    return stream, include_usage, continuous, stops
 
 
 def parse_completion(
     payload: dict[str, Any], tokenizer: Tokenizer, config: EmulatorConfig
 ) -> GenerationRequest:
     model = _model(payload, config)
-    if "prompt" not in payload:
-        raise bad_request("`prompt` is required", "prompt")
+    if payload.get("prompt") in (None, "", []):
+        raise bad_request(
+            "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", "prompt"
+        )
     ids = _prompt_ids(payload["prompt"], tokenizer, "prompt")
-    stream, include_usage, stop = _common(payload)
+    stream, include_usage, continuous, stop = _common(payload)
     max_tokens = _max_tokens(payload, ("max_tokens",), len(ids), config)
-    return GenerationRequest("completion", model, ids, max_tokens, stream, include_usage, stop)
+    return GenerationRequest(
+        "completion", model, ids, max_tokens, stream, include_usage, stop, continuous and stream
+    )
 
 
 def parse_chat(payload: dict[str, Any], tokenizer: Tokenizer, config: EmulatorConfig) -> GenerationRequest:
     model = _model(payload, config)
     messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("`messages` is required and must be a non-empty list", "messages")
+    if messages is None:
+        msg = "Field required"
+        raise validation_error(_detail("missing", "body.messages", msg, "<dict>"), "body.messages")
+    if not isinstance(messages, list):
+        msg = "Input should be a valid list"
+        raise validation_error(_detail("list_type", "body.messages", msg, messages), "body.messages")
+    if not messages:
+        raise bad_request(
+            "Cannot apply chat template to an empty conversation. Provide at least one message."
+        )
     ids = tokenizer.encode(_render(messages, add_generation_prompt=True))
-    stream, include_usage, stop = _common(payload)
-    max_tokens = _max_tokens(payload, ("max_tokens", "max_completion_tokens"), len(ids), config)
-    return GenerationRequest("chat", model, ids, max_tokens, stream, include_usage, stop)
+    stream, include_usage, continuous, stop = _common(payload)
+    max_tokens = _max_tokens(payload, ("max_completion_tokens", "max_tokens"), len(ids), config)
+    return GenerationRequest(
+        "chat", model, ids, max_tokens, stream, include_usage, stop, continuous and stream
+    )
 
 
 def _render(messages: list[Any], add_generation_prompt: bool) -> str:

@@ -4,9 +4,18 @@ The scrape loop (``control.scraper``) fetches the text and stamps the time; ever
 plain data in, plain data out, so it is tested on fixture text without a server::
 
     /metrics text ──parse_vllm_metrics──► EngineSample ──┬── running, waiting, kv_usage (gauges)
-                                                         └── counters ──hit_rate(prev, cur)──► 0..1
+                                                         ├── counters ──hit_rate(prev, cur)──► 0..1
+                                                         └── phase sums ──engine_window(prev, cur)──►
+                                                             what the engine measured per request
 
     sample age:  fresh ──(> max(3 × interval, 2 s))──► stale: not trusted by dispatch
+
+The phase sums are vLLM's per-request histograms (``vllm:request_prefill_time_seconds``: from the
+request's first scheduled step to its first token; ``vllm:request_queue_time_seconds``: waiting
+before that; ``vllm:request_decode_time_seconds``; ``vllm:request_prefill_kv_computed_tokens``: the
+prompt tokens really prefilled, cache hits excluded). Their ``_sum`` and ``_count`` differences
+between two scrapes say how fast the engine prefilled the requests that finished in between,
+streamed or not, without the time they waited for a batch slot and without the HTTP path.
 
 Why these metrics: the engine's own ``waiting``/``running`` gauges count work from every gateway
 replica, which our in-flight counts cannot see. The KV-cache gauge was renamed in vLLM's V1 engine
@@ -21,6 +30,7 @@ exception: an instance that is still loading, or an older vLLM, must not break t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,10 +41,13 @@ from taogate.dispatch.types import EngineStats
 
 __all__ = [
     "EngineSample",
+    "EngineWindow",
     "ScrapeError",
     "engine_stats",
+    "engine_window",
     "hit_rate",
     "is_stale",
+    "parse_load_metrics",
     "parse_vllm_metrics",
     "stale_after",
 ]
@@ -47,6 +60,16 @@ PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
+# Per-request phase histograms: their _sum (seconds or tokens) and _count (finished requests).
+FINISHED = "vllm:request_prefill_time_seconds_count"
+PHASES = {
+    "prefill_time": "vllm:request_prefill_time_seconds_sum",
+    "queue_time": "vllm:request_queue_time_seconds_sum",
+    "decode_time": "vllm:request_decode_time_seconds_sum",
+    "computed_tokens": "vllm:request_prefill_kv_computed_tokens_sum",
+    "request_prompt_tokens": "vllm:request_prompt_tokens_sum",
+    "request_generation_tokens": "vllm:request_generation_tokens_sum",
+}
 
 _WANTED = frozenset(
     {
@@ -55,6 +78,8 @@ _WANTED = frozenset(
         PROMPT_TOKENS,
         GENERATION_TOKENS,
         REQUEST_SUCCESS,
+        FINISHED,
+        *PHASES.values(),
         *KV_USAGE,
         *PREFIX_QUERIES,
         *PREFIX_HITS,
@@ -107,6 +132,13 @@ class EngineSample:
     prompt_tokens: float | None = None  # counter
     generation_tokens: float | None = None  # counter
     request_success: float | None = None  # counter, all finish reasons
+    finished: float | None = None  # requests whose phases are in the sums below (counter)
+    prefill_time: float | None = None  # Σ seconds from first scheduled to first token
+    queue_time: float | None = None  # Σ seconds waiting to be scheduled
+    decode_time: float | None = None  # Σ seconds from first to last token
+    computed_tokens: float | None = None  # Σ prompt tokens prefilled (cache hits excluded)
+    request_prompt_tokens: float | None = None  # Σ prompt tokens, cache hits included
+    request_generation_tokens: float | None = None  # Σ output tokens
     engines: int = 0  # distinct engine label values seen (1 when unlabelled)
 
     @property
@@ -165,7 +197,9 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
         prompt_tokens=sums.get(PROMPT_TOKENS),
         generation_tokens=sums.get(GENERATION_TOKENS),
         request_success=sums.get(REQUEST_SUCCESS),
+        finished=sums.get(FINISHED),
         engines=len(engines),
+        **{field: sums.get(name) for field, name in PHASES.items()},
     )
 
 
@@ -202,6 +236,84 @@ def hit_rate(prev: EngineSample, cur: EngineSample) -> float | None:
     if queries <= 0:
         return None
     return min(1.0, max(0.0, hits / queries))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWindow:
+    """The requests that finished between two scrapes, as the engine measured them (means)."""
+
+    requests: float
+    prefill_seconds: float  # mean from first scheduled to first token
+    queue_seconds: float  # mean wait to be scheduled (for a batch slot or token budget)
+    computed_tokens: float  # mean prompt tokens prefilled, cache hits excluded
+    prompt_tokens: float | None  # mean prompt tokens, cache hits included
+    decode_seconds_per_token: float | None  # output tokens after the first, over the decode time
+
+
+def engine_window(prev: EngineSample, cur: EngineSample) -> EngineWindow | None:
+    """What the engine measured for the requests that finished between ``prev`` and ``cur``.
+
+    ``None`` when the engine does not report its phases or nothing finished in between. Counters that
+    went down mean the instance restarted: the current sums are then the window, as in ``hit_rate``.
+    Without ``request_prefill_kv_computed_tokens`` (older vLLM) the whole prompt is taken as
+    computed, less the prefix-cache hits counted in the same window."""
+    if cur.finished is None or cur.prefill_time is None or prev.finished is None:
+        return None
+    restarted = cur.finished < prev.finished
+
+    def delta(a: float | None, b: float | None) -> float | None:
+        if b is None:
+            return None
+        if restarted or a is None:
+            return b
+        return b - a
+
+    n = delta(prev.finished, cur.finished) or 0.0
+    prefill = delta(prev.prefill_time, cur.prefill_time)
+    if n < 1 or prefill is None or prefill < 0:
+        return None
+    prompt = delta(prev.request_prompt_tokens, cur.request_prompt_tokens)
+    computed = delta(prev.computed_tokens, cur.computed_tokens)
+    if computed is None and prompt is not None:
+        hits = delta(prev.prefix_hits, cur.prefix_hits) or 0.0
+        computed = max(0.0, prompt - hits)
+    if computed is None:
+        return None
+    queue = delta(prev.queue_time, cur.queue_time) or 0.0
+    decode = delta(prev.decode_time, cur.decode_time)
+    generated = delta(prev.request_generation_tokens, cur.request_generation_tokens)
+    pace = None
+    if decode is not None and generated is not None and generated - n >= 1 and decode > 0:
+        pace = decode / (generated - n)  # each request's first token came with its prefill
+    return EngineWindow(
+        requests=n,
+        prefill_seconds=prefill / n,
+        queue_seconds=max(0.0, queue) / n,
+        computed_tokens=max(0.0, computed) / n,
+        prompt_tokens=None if prompt is None else max(0.0, prompt) / n,
+        decode_seconds_per_token=pace,
+    )
+
+
+def parse_load_metrics(value: str) -> tuple[float | None, float | None] | None:
+    """(num_requests_waiting, kv_cache_usage_perc) from vLLM's ``endpoint-load-metrics`` header
+    (``JSON {"named_metrics": {...}}`` or ``TEXT named_metrics.k=v, ...``), or None if unreadable."""
+    kind, _, rest = value.strip().partition(" ")
+    named: dict[str, float] = {}
+    try:
+        if kind == "JSON":
+            data = json.loads(rest).get("named_metrics", {})
+            named = {str(k): float(v) for k, v in data.items()}
+        elif kind == "TEXT":
+            for part in rest.split(","):
+                key, _, number = part.strip().partition("=")
+                if key.startswith("named_metrics."):
+                    named[key.removeprefix("named_metrics.")] = float(number)
+        else:
+            return None
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return named.get("num_requests_waiting"), named.get("kv_cache_usage_perc")
 
 
 def stale_after(interval: float) -> float:

@@ -86,6 +86,10 @@ class Instance:
         self._engine_stats: EngineStats | None = None  # what dispatch may use of the last scrape
         self.engine_at = 0.0  # monotonic time of the last good scrape
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
+        self.scrape_began: float | None = None  # a scrape is in flight since then
+        self.scrape_seconds: float | None = None  # how long the last good scrape took
+        self.scrape_slow = False  # it took longer than the scrape interval (logged once per change)
+        self.stats_stale = False  # the last scrape is too old to trust (logged once per change)
         self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
         self.window = RollingWindow()  # the last minute, for the side-by-side status
         self._bound = math.inf  # speed_bound over ``pending``, as of ``_bound_at``
@@ -114,6 +118,19 @@ class Instance:
         self.engine = sample
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
+
+    def engine_stats(self, now: float, stale_after_s: float = 2.0) -> EngineStats | None:
+        """The last scrape's stats while younger than ``stale_after_s``, else None."""
+        stats = self._engine_stats
+        return stats if stats is not None and now - self.engine_at <= stale_after_s else None
+
+    def scrape_duration(self, now: float) -> float | None:
+        """The last scrape's duration, or the one in flight's so far if that is longer."""
+        began, last = self.scrape_began, self.scrape_seconds
+        running = None if began is None else now - began
+        if running is None or (last is not None and last > running):
+            return last
+        return running
 
     def waiting(self, now: float, decode_seconds_per_token: float) -> Iterator[Pending]:
         """Our requests here still without a first token, as evidence for ``speed_bound``.

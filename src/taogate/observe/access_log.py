@@ -30,7 +30,7 @@ class RequestRecord:
     prompt_tokens_est: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    cached_tokens: int = 0  # of the prompt, served by the prefix cache (from usage)
+    cached_tokens: int | None = None  # of the prompt, served by the prefix cache; None: usage did not say
     ttfb: float | None = None
     duration: float = 0.0
     queue_wait: float = 0.0

@@ -15,6 +15,7 @@ from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.tokens import PromptSize, TokenEstimator
 from taogate.dispatch.types import RequestFacts
 from taogate.fleet.fleet import Fleet
+from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
 from taogate.observe.access_log import AccessLog, RequestRecord
 from taogate.observe.metrics import GatewayMetrics, priority_label
@@ -25,6 +26,16 @@ from taogate.observe.metrics import GatewayMetrics, priority_label
 #: from every response.
 CALIBRATE_WARMUP = 64
 CALIBRATE_INTERVAL = 0.05
+
+
+def waiting_for_slots(inst: Instance, now: float) -> bool:
+    """The engine has requests waiting while every sequence it runs is past its prefill: they wait
+    for a batch slot (``max_num_seqs``) held by decodes, which no booked prefill work explains. (With
+    a sequence still prefilling, the wait is for the step's token budget: booked work, that is.)"""
+    engine = inst.engine_stats(now)
+    if engine is None or engine.waiting <= 0:
+        return False
+    return inst.inflight - inst.prefilling >= engine.running
 
 
 @dataclass(slots=True)
@@ -54,16 +65,19 @@ class Accounting:
                     self._calibrated = {m: t for m, t in self._calibrated.items() if tokens.observations(m)}
         if rec.ttfb is None:
             return
-        name = lease.instance.name
+        inst = lease.instance
+        name = inst.name
         total = prompt if prompt is not None else facts.prompt_tokens
-        uncached = max(1, total - cached)
+        uncached = max(1, total - (cached or 0))
         if facts.stream:
+            details = cached is not None
             self.speeds.observe_first_token(
                 name,
                 ttft=rec.ttfb,
                 ahead_tokens=lease.ahead_tokens,
-                uncached_tokens=uncached,
+                uncached_tokens=uncached if details else None,
                 prompt_tokens=total,
+                queued=waiting_for_slots(inst, self.clock()),
             )
             if completion:  # the decode pace, which non-stream samples need to find their prefill time
                 self.speeds.observe_completion(

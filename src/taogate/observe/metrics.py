@@ -202,6 +202,13 @@ class FleetCollector(Collector):
             "taogate_engine_prefix_cache_hit_rate", "Prefix cache hit rate between the last scrapes."
         )
         age = family("taogate_engine_scrape_age_seconds", "Seconds since the instance's last good scrape.")
+        took = family(
+            "taogate_engine_scrape_duration_seconds",
+            "How long the last /metrics scrape took (or the one in flight, so far, if longer).",
+        )
+        stale = family(
+            "taogate_engine_stats_stale", "1 while the last scrape is too old for dispatch to trust."
+        )
         for inst in fleet:
             n = inst.name
             inflight.add_metric([n], inst.inflight)
@@ -216,8 +223,12 @@ class FleetCollector(Collector):
             speed.add_metric([n], fleet.speeds.speed(n))
             rel.add_metric([n], fleet.speeds.relative(n))
             slow.add_metric([n], 1.0 if n in fleet.slow else 0.0)
+            duration = inst.scrape_duration(now)
+            if duration is not None:
+                took.add_metric([n], duration)
             sample = inst.engine
             if sample is not None:
+                stale.add_metric([n], 1.0 if inst.stats_stale else 0.0)
                 if sample.waiting is not None:
                     waiting.add_metric([n], sample.waiting)
                 if sample.running is not None:
@@ -231,5 +242,5 @@ class FleetCollector(Collector):
         queue = GaugeMetricFamily("taogate_queue_length", "Requests waiting in the gateway queue.")
         queue.add_metric([], self._dispatcher.queued)
         yield from (inflight, cap, prefill, up, available, breaker, draining, speed, rel, slow)
-        yield from (waiting, running, kv, hits, age)
+        yield from (waiting, running, kv, hits, age, took, stale)
         yield queue

@@ -57,20 +57,22 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int | None]:
     """(prompt tokens, output tokens, cached tokens) from an Anthropic usage object.
 
     ``input_tokens`` leaves out what the prefix cache served (read or created), so the prompt the
     engine saw is the sum of the three."""
     if usage is None:
-        return None, None, 0
+        return None, None, None
     given = usage.get("input_tokens")
     if not isinstance(given, int):
-        return None, None, 0
-    cached = _int(usage.get("cache_read_input_tokens"))
+        return None, None, None
+    read = usage.get("cache_read_input_tokens")
+    cached = _int(read)
     created = _int(usage.get("cache_creation_input_tokens"))
     output = usage.get("output_tokens")
-    return given + cached + created, output if isinstance(output, int) else None, cached
+    said = read is not None
+    return given + cached + created, output if isinstance(output, int) else None, cached if said else None
 
 
 def _text_of(value: object) -> str:

@@ -95,6 +95,6 @@ class ResponseIds:
         raise ResponseNotFound(response_id)
 
 
-def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int | None]:
     """(prompt tokens, output tokens, cached tokens) from a Response's usage object."""
     return counts(usage, "input_tokens", "output_tokens", "input_tokens_details")

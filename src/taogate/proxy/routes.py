@@ -34,7 +34,7 @@ RouteKind = Literal[
 #: How a body reads as a shape dispatch measures: (shape, the body as that shape).
 View = Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
 #: (prompt tokens, output tokens, cached tokens) from an answer's ``usage`` object.
-UsageCounts = Callable[[dict[str, Any] | None], tuple[int | None, int | None, int]]
+UsageCounts = Callable[[dict[str, Any] | None], tuple[int | None, int | None, int | None]]
 
 _POST = frozenset({"POST"})
 

@@ -160,10 +160,12 @@ def _cut_out(body: bytes, start: int) -> dict[str, Any] | None:
 
 def counts(
     usage: dict[str, Any] | None, prompt_key: str, output_key: str, details_key: str
-) -> tuple[int | None, int | None, int]:
-    """(prompt tokens, output tokens, cached tokens) from a usage object with these key names."""
+) -> tuple[int | None, int | None, int | None]:
+    """(prompt tokens, output tokens, cached tokens) from a usage object with these key names; each
+    None where the engine did not say (vLLM reports cache hits only with
+    ``--enable-prompt-tokens-details``)."""
     if usage is None:
-        return None, None, 0
+        return None, None, None
     prompt = usage.get(prompt_key)
     completion = usage.get(output_key)
     details = usage.get(details_key)
@@ -171,10 +173,10 @@ def counts(
     return (
         prompt if isinstance(prompt, int) else None,
         completion if isinstance(completion, int) else None,
-        cached if isinstance(cached, int) else 0,
+        cached if isinstance(cached, int) else None,
     )
 
 
-def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int]:
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, int | None]:
     """(prompt_tokens, completion_tokens, cached_tokens) from an OpenAI usage object."""
     return counts(usage, "prompt_tokens", "completion_tokens", "prompt_tokens_details")

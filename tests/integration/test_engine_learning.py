@@ -1,0 +1,68 @@
+"""What the engine reports teaches the gateway: speeds learned from non-stream answers, a slow card
+flagged on little evidence, a refused warm-up said so, slow and stale scrapes said so."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import pytest
+
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.fleet import run_fleet
+from tests.conftest import wait_until
+
+from .dispatch_helpers import admin_rows, client, complete, serve_gateway, settings_for, words
+
+
+def _pair() -> list[EmulatorConfig]:
+    # Like the real tier's pair: two batch slots each, the second card six times slower.
+    return [EmulatorConfig(seed=i, max_num_seqs=2, slowdown=6.0 if i else 1.0) for i in range(2)]
+
+
+async def test_non_stream_answers_teach_the_speeds_and_the_fast_card_gets_the_work() -> None:
+    async with run_fleet(_pair()) as fleet:
+        settings = settings_for(fleet.urls, names=["fast", "slow"], dispatch={"warmup_tokens": 1024})
+        async with serve_gateway(settings) as gate, client() as http:
+            served = []
+            for k in range(20):  # sequential, non-streamed, unique ~1,000-token prompts
+                r = await complete(http, gate, words(1_000, seed=k), max_tokens=16)
+                assert r.status_code == 200
+                served.append(r.headers["x-taogate-instance"])
+            await wait_until(lambda: "slow" in gate.app.gateway.fleet.slow, within=5.0, what="slow flagged")
+            rows = await admin_rows(http, gate)
+    assert served.count("fast") >= 16, served
+    # Learned from what the engine measured: both cards, though the slow one served little or nothing.
+    assert rows["fast"]["speed_samples"] > 10 and rows["slow"]["speed_samples"] >= 1
+    assert rows["slow"]["speed"] < 0.4 * rows["fast"]["speed"], (rows["fast"]["speed"], rows["slow"]["speed"])
+
+
+async def test_a_refused_warm_up_is_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        fleet.instances[0].faults.error_rate = 1.0
+        async with serve_gateway(settings_for(fleet.urls, dispatch={"warmup_tokens": 64})):
+            pass
+    assert "instance i0 refused the warm-up (HTTP 500: emulated internal server error" in caplog.text
+
+
+async def test_slow_and_stale_scrapes_are_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    async with run_fleet([EmulatorConfig(seed=i) for i in range(2)]) as fleet:
+        settings = settings_for(fleet.urls, dispatch={"scrape_interval": 0.2})
+        async with serve_gateway(settings) as gate, client() as http:
+            fleet.instances[1].faults.metrics_delay = 3.0  # a busy vLLM's /metrics
+            await wait_until(lambda: "engine stats are" in caplog.text, within=6.0, what="stale said")
+            text = (await http.get(gate.url + "/metrics")).text
+            assert re.search(r'^taogate_engine_stats_stale\{instance="i1"\} 1\.0$', text, re.M), text
+            assert re.search(r'^taogate_engine_stats_stale\{instance="i0"\} 0\.0$', text, re.M)
+            took = re.search(r'^taogate_engine_scrape_duration_seconds\{instance="i1"\} (\S+)$', text, re.M)
+            assert took is not None and float(took.group(1)) > 1.5  # the scrape in flight, so far
+            fleet.instances[1].faults.metrics_delay = 0.0
+            await wait_until(lambda: "engine stats are fresh again" in caplog.text, within=6.0, what="fresh")
+            await asyncio.sleep(0)
+    log = caplog.text
+    assert "instance i1: engine stats are" in log and "past the 2.0 s they are trusted for" in log
+    assert "instance i1: a scrape of /metrics took 3." in log
+    assert "instance i0: engine stats are" not in log  # one slow instance holds up no other's scrapes
