@@ -8,7 +8,12 @@ prometheus_client appends ``_total`` to counters, so ``Counter("vllm:prompt_toke
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from taogate.emulator.config import EmulatorConfig
 
 __all__ = ["CONTENT_TYPE", "EmulatorMetrics"]
 
@@ -76,6 +81,25 @@ class EmulatorMetrics:
         self._pc_hits_child = self._pc_hits.labels(model_name)
         self._seen_queries = 0
         self._seen_hits = 0
+
+    def cache_config(self, config: EmulatorConfig) -> None:
+        """``vllm:cache_config_info``: the KV cache's shape as labels (vLLM has every CacheConfig
+        field; these are the ones a router reads), value 1."""
+        labels = {
+            "block_size": str(config.block_size),
+            "enable_prefix_caching": str(config.enable_prefix_caching),
+            "engine": "0",
+            "num_gpu_blocks": str(config.num_kv_blocks),
+            "num_gpu_blocks_override": str(config.num_gpu_blocks_override),
+            "prefix_caching_hash_algo": "sha256",
+        }
+        info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            list(labels),
+            registry=self.registry,
+        )
+        info.labels(**labels).set(1)
 
     def finished(self, reason: str) -> None:
         self._success.labels(self._model, reason).inc()
