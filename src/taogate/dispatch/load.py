@@ -4,7 +4,7 @@ Least busy means least *work*: a 4,096-token prefill is not a 50-token one, and 
 the same work more slowly. For a request expected to cost ``P`` prefill tokens on instance ``i``
 (``expected_prefill``: its prompt, less a prefix the instance is known to hold)::
 
-    queued  = prefill_tokens_i * uncached_i                    # our outstanding prefill, instant
+    queued  = prefill_work_i  (else prefill_tokens_i * uncached_i) # our outstanding prefill, instant
             + max(0, engine.waiting - prefilling_i) * typical   # queued there by others (other replicas)
     slow    = 1 + decode_weight * running_i / step_tokens      # decodes take a token of every step
             * (1 + kv_penalty * ((kv - kv_threshold) / (1 - kv_threshold))**2   if kv > kv_threshold)
@@ -14,12 +14,12 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
 
 * ``base_i``: the fixed latency (an engine step, HTTP); when every prompt is a prefix-cache hit, the
   only sign of a slow card.
-* ``prefill_tokens_i`` / ``prefilling_i``: our requests there with no first token yet (tokens, count),
-  so a burst within one scrape interval sees itself at once. They book whole prompts (see
-  ``policy``); ``speed_i`` is learned per *uncached* token, so the booking is discounted by
-  ``uncached_i`` (``SpeedEstimator.uncached_ratio``): undiscounted, an instance whose prompts all hit
-  the cache looked as busy as one prefilling every token, and the slow card drew the work (measured:
-  benchmarks/dispatch.py).
+* ``prefill_work_i`` / ``prefilling_i``: our requests there with no first token yet (expected
+  uncached tokens, count), so a burst within one scrape interval sees itself at once. Each books
+  its prompt less the hit its cache view expected there (``policy``). Without that booking, the
+  whole prompts (``prefill_tokens_i``) discounted by the instance's recent uncached share
+  (``SpeedEstimator.uncached_ratio``): undiscounted, an instance whose prompts all hit the cache
+  looks as busy as one prefilling every token.
 * ``engine.waiting`` counts every request queued in vLLM, ours included; less ours without a first
   token, the rest are foreign, each ``typical`` tokens. Some of ours already run, so this undercounts:
   it never makes an instance look busier because of us.
@@ -82,10 +82,14 @@ def estimate(
     """(``expected_ttft``, ``expected_latency``) of a request costing ``prompt_tokens`` of prefill on
     ``view``: the formula of the module docstring in one pass (the functions below, term by term)."""
     # queued_tokens
-    ratio = view.uncached_ratio
-    ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
-    booked = view.prefill_tokens
-    queued = booked * ratio if booked > 0 else 0.0
+    booked_work = view.prefill_work
+    if booked_work is not None:
+        queued = float(booked_work) if booked_work > 0 else 0.0
+    else:
+        ratio = view.uncached_ratio
+        ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
+        booked = view.prefill_tokens
+        queued = booked * ratio if booked > 0 else 0.0
     decoding = view.decoding
     running = float(decoding) if decoding > 0 else 0.0
     inflight = view.inflight
@@ -128,7 +132,10 @@ def estimate(
 
 def queued_tokens(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     """Prefill tokens ahead of a new request on this instance (ours exactly, others' estimated)."""
-    queued = float(max(0, view.prefill_tokens)) * min(1.0, max(0.0, view.uncached_ratio))
+    if view.prefill_work is not None:
+        queued = float(max(0, view.prefill_work))
+    else:
+        queued = float(max(0, view.prefill_tokens)) * min(1.0, max(0.0, view.uncached_ratio))
     if view.engine is not None:
         foreign = max(0.0, view.engine.waiting - view.own_prefilling)
         queued += foreign * model.typical_prompt_tokens

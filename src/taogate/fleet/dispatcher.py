@@ -96,6 +96,7 @@ class Dispatcher:
         if isinstance(decision, Send):
             inst = self.fleet.get(decision.instance)
             trial = inst.breaker.on_dispatch(now)
+            ticket = inst.cache.dispatched(facts) if self.fleet.caching else None
             lease = Lease(
                 inst,
                 facts.prompt_tokens,
@@ -104,6 +105,8 @@ class Dispatcher:
                 sent_at=now,
                 stream=facts.stream,
                 max_tokens=facts.max_tokens,
+                work=decision.work,
+                ticket=ticket,
             )
             return lease, decision
         return decision
@@ -185,6 +188,8 @@ class Dispatcher:
     # -- slots freeing up ------------------------------------------------------------------------
     def _released(self, lease: Lease) -> None:
         self._drain.tick(self._clock())
+        if lease.ticket is not None:
+            lease.instance.cache.finished(lease.ticket, lease.usage)
         if self._waiters:
             self.pump()
 

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from taogate.dispatch.types import EngineStats
 
 __all__ = [
+    "CacheConfig",
     "EngineSample",
     "ScrapeError",
     "engine_stats",
@@ -47,6 +48,7 @@ PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
+CACHE_CONFIG = "vllm:cache_config_info"
 
 _WANTED = frozenset(
     {
@@ -55,6 +57,7 @@ _WANTED = frozenset(
         PROMPT_TOKENS,
         GENERATION_TOKENS,
         REQUEST_SUCCESS,
+        CACHE_CONFIG,
         *KV_USAGE,
         *PREFIX_QUERIES,
         *PREFIX_HITS,
@@ -92,6 +95,31 @@ class ScrapeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The KV cache's shape, from ``vllm:cache_config_info``'s labels (summed over its engines)."""
+
+    num_gpu_blocks: int  # the null block included: one fewer is usable
+    block_size: int
+    prefix_caching: bool
+    hash_algo: str | None = None
+
+    @property
+    def usable_blocks(self) -> int:
+        return max(0, self.num_gpu_blocks - 1)
+
+
+def _cache_config(labels: dict[str, str]) -> CacheConfig | None:
+    try:
+        blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None  # "None" before the engine has sized its cache
+    if blocks <= 0 or size <= 0:
+        return None
+    caching = labels.get("enable_prefix_caching", "True").lower() == "true"
+    return CacheConfig(blocks, size, caching, labels.get("prefix_caching_hash_algo"))
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSample:
     """One scrape of one instance, summed over its engines (data-parallel ranks).
 
@@ -108,6 +136,7 @@ class EngineSample:
     generation_tokens: float | None = None  # counter
     request_success: float | None = None  # counter, all finish reasons
     engines: int = 0  # distinct engine label values seen (1 when unlabelled)
+    cache_config: CacheConfig | None = None  # None: not exposed (older vLLM, other servers)
 
     @property
     def has_load(self) -> bool:
@@ -126,6 +155,7 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
     sums: dict[str, float] = {}
     kv: dict[str, list[float]] = {}
     engines: set[str] = set()
+    configs: dict[str, CacheConfig] = {}
     # Parse only the lines of the wanted metrics: a real vLLM page is mostly histogram buckets we
     # ignore, and the full parse costs milliseconds per scrape per instance (measured:
     # benchmarks/README.md).
@@ -143,6 +173,11 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
                     continue
                 labels = sample.labels
                 if model is not None and labels.get("model_name", model) != model:
+                    continue
+                if name == CACHE_CONFIG:  # an info gauge: the labels are the data (no model_name)
+                    found = _cache_config(labels)
+                    if found is not None:
+                        configs[labels.get("engine", "")] = found
                     continue
                 value = float(sample.value)
                 if not math.isfinite(value):
@@ -166,7 +201,17 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
         generation_tokens=sums.get(GENERATION_TOKENS),
         request_success=sums.get(REQUEST_SUCCESS),
         engines=len(engines),
+        cache_config=_merge_configs(list(configs.values())),
     )
+
+
+def _merge_configs(configs: list[CacheConfig]) -> CacheConfig | None:
+    """One instance's cache over its data-parallel engines: their blocks summed."""
+    if not configs:
+        return None
+    first = configs[0]
+    blocks = sum(c.num_gpu_blocks for c in configs)
+    return CacheConfig(blocks, first.block_size, first.prefix_caching, first.hash_algo)
 
 
 def _first(values: dict[str, float], names: Iterable[str]) -> float | None:

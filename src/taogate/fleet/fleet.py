@@ -63,6 +63,11 @@ class Fleet:
         self.models: frozenset[str] = frozenset()  # served by some instance (bounds metric labels)
 
     @property
+    def caching(self) -> bool:
+        """Prefix affinity is on: instances' caches are modelled and shown to dispatch."""
+        return self._settings.dispatch.prefix_affinity
+
+    @property
     def health_interval(self) -> float:
         return self._settings.dispatch.health_check_interval
 
@@ -138,13 +143,16 @@ class Fleet:
         params = speeds.params
         uncached = speeds.uncached_ratio
         stale = stale_after(self._settings.dispatch.scrape_interval)
+        cache = self.caching
         out = []
         for inst in self._instances.values():
             name = inst.spec.name
             speed, base, tpot = params(name)
             if inst.pending:
                 speed = min(speed, inst.speed_bound(now, tpot, base))
-            view = inst.view(now, speed, stale, base_latency=base, tpot=tpot, uncached_ratio=uncached(name))
+            view = inst.view(
+                now, speed, stale, base_latency=base, tpot=tpot, uncached_ratio=uncached(name), cache=cache
+            )
             out.append(view)
         return out
 

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from taogate.dispatch.pending import Pending, speed_bound
 from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.fleet.breaker import Breaker
+from taogate.fleet.cache_state import InstanceCache
 from taogate.fleet.engine import EngineSample, engine_stats
 from taogate.fleet.health import HealthState, HealthTracker
 from taogate.fleet.window import RollingWindow
@@ -79,6 +80,8 @@ class Instance:
         self.inflight = 0
         self.prefilling = 0
         self.prefill_tokens = 0
+        self.prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
+        self.cache = InstanceCache()  # its prefix cache: modelled, and indexed from KV events if any
         self.pending: dict[PendingRequest, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
@@ -113,6 +116,11 @@ class Instance:
         self.engine = sample
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
+        self.cache.configure(sample.cache_config)
+        prev = self.engine_prev
+        if prev is not None and prev.prefix_hits is not None and sample.prefix_hits is not None:
+            gained = sample.prefix_hits - prev.prefix_hits
+            self.cache.counters(gained if gained >= 0 else sample.prefix_hits)  # < 0: it restarted
 
     def waiting(self, now: float, decode_seconds_per_token: float) -> Iterator[Pending]:
         """Our requests here still without a first token, as evidence for ``speed_bound``.
@@ -147,9 +155,11 @@ class Instance:
         base_latency: float = 0.0,
         tpot: float = 0.0,
         uncached_ratio: float = 1.0,
+        cache: bool = False,
     ) -> InstanceView:
         """This instance as dispatch sees it now; the last scrape counts while younger than
-        ``stale_after_s`` (its EngineStats is built once per scrape, not per view)."""
+        ``stale_after_s`` (its EngineStats is built once per scrape, not per view). With ``cache``
+        (prefix affinity on) the view carries the instance's cache and the work booked there."""
         stats = self._engine_stats
         engine = stats if stats is not None and now - self.engine_at <= stale_after_s else None
         spec = self.spec
@@ -173,4 +183,6 @@ class Instance:
             uncached_ratio,
             engine,
             spec.overflow,
+            self.cache if cache else None,
+            self.prefill_work if cache else None,
         )

@@ -42,6 +42,7 @@ class Accounting:
     def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
         """Calibrate the token estimate and the instance's speed from a successful response."""
         prompt, completion, cached = usage_counts(rec.usage)
+        lease.usage = rec.usage  # what the engine found cached, for the instance's cache model
         rec.prompt_tokens = prompt
         rec.completion_tokens = completion
         model = facts.model
