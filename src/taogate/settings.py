@@ -129,9 +129,10 @@ class DispatchSettings(_Section):
     )
     prefix_affinity: bool = Field(default=True, description="Send shared prefixes to the same instance.")
     affinity_slack: float = Field(
-        default=0.5,
+        default=0.0,
         ge=0,
-        description="Follow affinity while the preferred load is within this many seconds of the least.",
+        description="Extra seconds a cache hit may cost over the least loaded instance (0: none; the "
+        "expected hit is already in the cost).",
     )
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."

@@ -106,6 +106,10 @@ class PrefixCacheModel:
             return 0.0
         return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
 
+    def inflight(self, key: int) -> int:
+        entry = self._entries.get(key)
+        return entry.pinned if entry is not None and entry.reusable else 0
+
     def eviction_cost(self, tokens: int) -> float:
         """Reused prefix tokens that ``tokens`` more tokens would evict (oldest first), times trust."""
         need = self.used + self._blocks(tokens) - self.capacity
@@ -163,8 +167,8 @@ class PrefixCacheModel:
     def observe_cached(self, ticket: Ticket, cached_tokens: int) -> None:
         """The engine said how many prompt tokens this request found cached (exact evidence)."""
         self._exact = True
-        if ticket.predicted > 0:
-            self._learn(cached_tokens / ticket.predicted)
+        if ticket.predicted > 0:  # the prediction rests on estimated token counts: a few % off
+            self._learn(cached_tokens / (0.95 * ticket.predicted))
         elif cached_tokens > 0 and self.trust < 1.0:  # a hit we did not predict: the cache holds more
             self._learn(1.0)
 
@@ -173,7 +177,7 @@ class PrefixCacheModel:
         predicted, self._predicted = self._predicted, 0
         if self._exact or predicted < self.block_size:
             return
-        self._learn(hit_tokens / predicted)
+        self._learn(hit_tokens / (0.95 * predicted))
 
     # -- internals ------------------------------------------------------------------------------
     def _learn(self, ratio: float) -> None:

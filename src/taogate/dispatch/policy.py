@@ -173,6 +173,18 @@ class LeastBusy:
             costs.append(latency)
         return costs, ttfts
 
+    @staticmethod
+    def _sharers(key: int | None, candidates: Sequence[InstanceView], hits: Sequence[float]) -> float:
+        """Requests expected to share one copy of this prefix: ours with the key in flight per
+        instance holding it (at least 1)."""
+        if key is None:
+            return 1.0
+        holders = [v for v, h in zip(candidates, hits, strict=True) if h > 0.0 and v.cache is not None]
+        if not holders:
+            return 1.0
+        inflight = sum(v.cache.inflight(key) for v in holders if v.cache is not None)
+        return max(1.0, inflight / len(holders))
+
     def choose(
         self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
     ) -> Send | None:
@@ -188,11 +200,15 @@ class LeastBusy:
         work = [max(1.0, prompt - h) for h in hits]
         costs, ttfts = self._costs(req, candidates, work)
         occupied = prompt + (req.max_tokens or self.load.decode_horizon)
+        share = self._sharers(req.prefix_key, candidates, hits)
+        saved = max(hits)
         for j, v in enumerate(candidates):
             if hits[j] <= 0.0 and v.cache is not None:
+                speed = max(v.speed, 1e-9)
                 lost = v.cache.eviction_cost(occupied)
-                if lost > 0.0:
-                    costs[j] += lost / max(v.speed, 1e-9)
+                # A new copy of a hot prefix serves the requests that will share it there: its
+                # prefill is theirs as much as this one's. What it evicts is lost for all of them.
+                costs[j] += lost / speed - saved * (1.0 - 1.0 / share) / speed
         i = self._pick(candidates, costs, ttfts, req.prefix_key)
         if hits[i] > 0.0:
             return Send(candidates[i].name, "affinity_hit", work=round(work[i]))

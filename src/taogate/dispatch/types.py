@@ -60,6 +60,10 @@ class CacheView(Protocol):
         """Reused prefix tokens a miss of ``tokens`` tokens would push out of its cache."""
         ...
 
+    def inflight(self, key: int) -> int:
+        """Our requests with this prefix key there now (sent, not finished)."""
+        ...
+
 
 @dataclass(slots=True)
 class InstanceView:

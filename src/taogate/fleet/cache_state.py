@@ -53,6 +53,9 @@ class InstanceCache:
     def eviction_cost(self, tokens: int) -> float:
         return self.model.eviction_cost(tokens)
 
+    def inflight(self, key: int) -> int:
+        return self.model.inflight(key)
+
     # -- evidence ----------------------------------------------------------------------------------
     def configure(self, config: CacheConfig | None) -> None:
         """The instance's cache shape from its latest scrape (None: not exposed, keep the defaults)."""
