@@ -170,6 +170,11 @@ class PrefillSettings(_Section):
     chars_per_token: float = Field(
         default=4.0, gt=0, description="Initial guess before calibration from upstream usage."
     )
+    chat_template: Path | None = Field(
+        default=None,
+        description="The model's chat template for precise prefix-cache dispatch (default: the one "
+        "in tokenizer_config.json or chat_template.jinja beside the tokenizer).",
+    )
 
     @field_validator("tag")
     @classmethod
@@ -188,6 +193,14 @@ class InstanceSettings(_Section):
     weight: float = Field(default=1.0, gt=0, description="Speed prior relative to the others (learned).")
     role: Role = Field(default="any", description="any, long (long inputs only) or short (short only).")
     max_queue: int | None = Field(default=None, ge=1, description="Overrides max_queue_per_instance.")
+    kv_events: str | None = Field(
+        default=None,
+        description="ZMQ endpoint of its KV-cache events, as in its --kv-events-config (the gateway "
+        "binds a non-wildcard address, which vLLM connects to); precise prefix-cache dispatch.",
+    )
+    kv_events_replay: str | None = Field(
+        default=None, description="Its KV events' replay endpoint (replay_endpoint), to recover lost events."
+    )
 
     @field_validator("url")
     @classmethod
@@ -337,6 +350,7 @@ class Settings(BaseSettings):
             ("[gateway] log_level", a.gateway.log_level, b.gateway.log_level),
             ("[prefill] tokenizer", a.prefill.tokenizer, b.prefill.tokenizer),
             ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
+            ("[prefill] chat_template", a.prefill.chat_template, b.prefill.chat_template),
         ]
         return [key for key, old, cur in pairs if old != cur]
 

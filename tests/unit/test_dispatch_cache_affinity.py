@@ -28,6 +28,9 @@ class ModelView:
     def eviction_cost(self, tokens: int) -> float:
         return self.model.eviction_cost(tokens)
 
+    def inflight(self, key: int) -> int:
+        return self.model.inflight(key)
+
 
 class Sim:
     """Instances whose views follow what the policy sent (nothing finishes unless told)."""
@@ -137,12 +140,16 @@ def test_property_the_pick_is_the_cheapest_given_its_cache(
     choice = lb.choose(facts, views, NAMES)
     assert choice is not None
 
+    hits = {v.name: v.cache.hit(facts) for v in views if v.cache is not None}
+    holders = [v.name for v in views if hits[v.name] > 0]
+    share = max(1.0, sum(models[n].inflight(key) for n in holders) / len(holders)) if holders else 1.0
+
     def cost(v: InstanceView) -> float:
         assert v.cache is not None
-        hit = v.cache.hit(facts)
+        hit = hits[v.name]
         total = estimate(v, max(1.0, prompt - hit), 16)[1]
-        if hit <= 0:
-            total += v.cache.eviction_cost(prompt + 16) / v.speed
+        if hit <= 0:  # what it evicts, less its share of a hot prefix's new copy
+            total += (v.cache.eviction_cost(prompt + 16) - max(hits.values()) * (1 - 1 / share)) / v.speed
         return total
 
     picked = next(v for v in views if v.name == choice.instance)

@@ -10,6 +10,9 @@ and publishes the low 64 bits of each digest (``int.from_bytes(digest, "big") & 
 KV-cache events. With the same token ids a gateway computes the same numbers, so an index of the
 events can be looked up with a request's own blocks. A request never hits its last token (vLLM
 recomputes it for the logits): at most ``(len(tokens) - 1) // block_size`` blocks can hit.
+
+The events' ZMQ publisher binds a wildcard, IPv6 or ipc/inproc endpoint and connects to any other
+(``publisher_binds``); its subscriber does the opposite.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Final
 
-__all__ = ["DEFAULT_SEED", "block_digests", "block_hashes", "max_hit_blocks", "wire"]
+__all__ = ["DEFAULT_SEED", "block_digests", "block_hashes", "max_hit_blocks", "publisher_binds", "wire"]
 
 DEFAULT_SEED: Final = "vllm-none-hash"
 _LOW64: Final = (1 << 64) - 1
@@ -58,6 +61,11 @@ def block_digests(
 def block_hashes(token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_SEED) -> list[int]:
     """vLLM's wire hash of every full block of ``token_ids`` (a trailing partial block has none)."""
     return [wire(d) for d in block_digests(token_ids, block_size, seed=seed)]
+
+
+def publisher_binds(endpoint: str) -> bool:
+    """vLLM's rule for its KV-events socket: bind wildcard, IPv6 and ipc/inproc, connect otherwise."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def max_hit_blocks(num_tokens: int, block_size: int) -> int:

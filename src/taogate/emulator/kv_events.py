@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from taogate.dispatch.blocks import publisher_binds as binds
+
 __all__ = ["END_SEQ", "KvEventPublisher", "binds", "encode_batch", "kv_event_frames", "offset_endpoint"]
 
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
@@ -46,11 +48,6 @@ def encode_batch(ts: float, events: Sequence[Mapping[str, Any]], data_parallel_r
 def kv_event_frames(topic: str, seq: int, ts: float, events: Sequence[Mapping[str, Any]]) -> list[bytes]:
     """The three frames vLLM sends for one batch."""
     return [topic.encode(), seq.to_bytes(8, "big"), encode_batch(ts, events)]
-
-
-def binds(endpoint: str) -> bool:
-    """vLLM's rule: bind wildcard, IPv6 and ipc/inproc endpoints, connect to the rest."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def offset_endpoint(endpoint: str | None, offset: int) -> str | None:

@@ -45,6 +45,8 @@ def specs_from_settings(settings: Settings, environ: Mapping[str, str] | None = 
             weight=item.weight,
             cap=item.max_queue or settings.dispatch.max_queue_per_instance,
             overflow=overflow,
+            kv_events=item.kv_events,
+            kv_events_replay=item.kv_events_replay,
         )
 
     out = [spec(i, False) for i in settings.instances]

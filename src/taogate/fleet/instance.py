@@ -51,6 +51,8 @@ class InstanceSpec:
     weight: float = 1.0
     cap: int = 32
     overflow: bool = False
+    kv_events: str | None = None  # its KV-events endpoint (precise prefix-cache dispatch)
+    kv_events_replay: str | None = None
 
     @property
     def host(self) -> str:
