@@ -114,9 +114,10 @@ class KvIndex:
             self.clear()
             self.trusted = True  # a fresh engine's cache is empty: the index is complete from here
         elif self.next_seq is None:
-            # The first batch we see: blocks stored before we subscribed are unknown; complete
-            # only once the engine has stored as much as it holds since.
-            self.trusted = False
+            # The first batch we see: unless it is the engine's first (we were there from its
+            # start), blocks stored before we subscribed are unknown; complete only once it has
+            # stored as much as it holds since.
+            self.trusted = seq == 0
         self.next_seq = seq + 1
         for event in events:
             if isinstance(event, Mapping):
