@@ -26,6 +26,7 @@ from taogate.emulator.driver import Tracked
 from taogate.emulator.engine import FinishReason
 from taogate.emulator.errors import ApiError
 from taogate.emulator.instance import EmulatorInstance
+from taogate.emulator.load_report import HEADER, load_report
 from taogate.emulator.protocol import GenerationRequest, parse_embedding, parse_json
 from taogate.emulator.responses import DONE, Response, embedding_body, usage
 from taogate.emulator.stats import RequestRecord
@@ -50,6 +51,7 @@ class _Exchange:
     send: Send
     record: RequestRecord
     headers: list[tuple[bytes, bytes]]
+    load_format: str | None = None  # endpoint-load-metrics-format asked for (non-stream answers)
 
     async def error(self, err: ApiError) -> None:
         self.record.status = err.status
@@ -93,6 +95,7 @@ async def handle_generation(
     inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send, *, parser: Parser, kind: str
 ) -> None:
     ex = await _begin(inst, scope, receive, send, kind)
+    ex.load_format = header(scope, b"endpoint-load-metrics-format")
     try:
         body = await read_body(receive)
         if body is None:
@@ -188,6 +191,10 @@ class _Generation:
             if reason is not None:
                 break
         if reason != "abort":  # after an abort the client is gone; nobody to answer
+            engine = self.ex.inst.engine
+            report = load_report(self.ex.load_format, engine.num_waiting, engine.kv_usage)
+            if report is not None:
+                self.ex.headers.append((HEADER, report))
             await self.ex.json(self.resp.full("".join(parts), reason, self._usage()))
 
     async def _stream(self) -> None:

@@ -18,6 +18,7 @@ from taogate.fleet.breaker import Breaker
 from taogate.fleet.cache_state import InstanceCache
 from taogate.fleet.engine import EngineSample, engine_stats
 from taogate.fleet.health import HealthState, HealthTracker
+from taogate.fleet.load_report import parse_load_report
 from taogate.fleet.window import RollingWindow
 
 
@@ -89,6 +90,8 @@ class Instance:
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
         self._engine_stats: EngineStats | None = None  # what dispatch may use of the last scrape
         self.engine_at = 0.0  # monotonic time of the last good scrape
+        self._stats_at = 0.0  # when the freshest part of _engine_stats was seen (scrape or load report)
+        self._stale_after = 3.0  # the staleness rule dispatch last applied (seconds)
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
         self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
         self.window = RollingWindow()  # the last minute, for the side-by-side status
@@ -118,11 +121,29 @@ class Instance:
         self.engine = sample
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
+        self._stats_at = now
         self.cache.configure(sample.cache_config)
         prev = self.engine_prev
         if prev is not None and prev.prefix_hits is not None and sample.prefix_hits is not None:
             gained = sample.prefix_hits - prev.prefix_hits
             self.cache.counters(gained if gained >= 0 else sample.prefix_hits)  # < 0: it restarted
+
+    def record_load_report(self, value: str | None, now: float) -> None:
+        """A non-streaming answer's ``endpoint-load-metrics``: the engine's waiting requests and KV
+        usage as that request ended, fresher than the last scrape. The running count (the header
+        has none) stays the scrape's while that is fresh."""
+        report = parse_load_report(value)
+        if report is None:
+            return
+        base = self._engine_stats
+        if base is not None and now - self.engine_at > self._stale_after:
+            base = None
+        waiting = report.waiting if report.waiting is not None else base.waiting if base else 0.0
+        kv = report.kv_usage if report.kv_usage is not None else base.kv_usage if base else None
+        running = base.running if base is not None else 0.0
+        hit_rate = base.prefix_hit_rate if base is not None else None
+        self._engine_stats = EngineStats(waiting, running, kv, hit_rate, 0.0)
+        self._stats_at = now
 
     def waiting(self, now: float, decode_seconds_per_token: float) -> Iterator[Pending]:
         """Our requests here still without a first token, as evidence for ``speed_bound``.
@@ -163,7 +184,8 @@ class Instance:
         ``stale_after_s`` (its EngineStats is built once per scrape, not per view). With ``cache``
         (prefix affinity on) the view carries the instance's cache and the work booked there."""
         stats = self._engine_stats
-        engine = stats if stats is not None and now - self.engine_at <= stale_after_s else None
+        self._stale_after = stale_after_s
+        engine = stats if stats is not None and now - self._stats_at <= stale_after_s else None
         spec = self.spec
         inflight = self.inflight
         prefilling = self.prefilling

@@ -29,6 +29,8 @@ from taogate.errors import GatewayError, NoInstance
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
+from taogate.fleet.load_report import REQUEST_HEADER as LOAD_REPORT_REQUEST
+from taogate.fleet.load_report import RESPONSE_HEADER as LOAD_REPORT_RESPONSE
 from taogate.observe.access_log import RequestRecord
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import DroppedResponses
@@ -147,6 +149,9 @@ class Pipeline:
             rec.long = facts.long
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
             up_headers = upstream_headers(headers, request_id=rid, tag=incoming.tag)
+            asked = header(headers, LOAD_REPORT_REQUEST[0]) is not None
+            if route.generates and not facts.stream and not asked:  # load-report hook
+                up_headers.append(LOAD_REPORT_REQUEST)
             ex = Exchange(route, facts, incoming.size, incoming.body, up_headers, rid, send, rec)
             await self._serve_watching_disconnect(ex, receive)
         except ClientGone as exc:
@@ -345,6 +350,7 @@ class Pipeline:
             self._judge(ex, inst, *translate(exc), may_retry=may_retry)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         lease.first_token()
+        inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), self.clock())  # load-report hook
         ex.rec.ttfb = self.clock() - sent_at
         headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
         ex.started = True
