@@ -164,7 +164,7 @@ QUICK: tuple[Cell, ...] = (
     replace(_BASE, name="32 hot, quarter cache", hot=32, cache="quarter", requests=256),
     replace(_BASE, name="8 hot, poisson, 2 slow 4x", arrivals="poisson", slow=((2, 4.0), (3, 4.0))),
     Cell(
-        "mixed, poisson", hot=0, caching=False, arrivals="poisson", load=0.7, requests=240, slow=((3, 2.5),)
+        "mixed, poisson", hot=0, caching=False, arrivals="poisson", load=0.7, requests=480, slow=((3, 2.5),)
     ),
 )
 
@@ -183,7 +183,7 @@ def _full() -> tuple[Cell, ...]:
         cells.append(replace(_BASE, name=f"8 hot, half cache, {arrivals}", cache="half", arrivals=arrivals))
         cells.append(replace(_LONG, name=f"long-prompts, {arrivals}", arrivals=arrivals, load=0.7))
     cells.append(replace(_BASE, name="8 hot, caching off", caching=False))
-    cells.append(Cell("mixed, onoff", hot=0, caching=False, arrivals="onoff", load=0.7, requests=240))
+    cells.append(Cell("mixed, onoff", hot=0, caching=False, arrivals="onoff", load=0.7, requests=480))
     cells.append(replace(_LONG, name="long-prompts, no slow card", slow=()))
     return tuple(cells)
 

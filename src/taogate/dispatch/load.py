@@ -30,8 +30,10 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
 * ``tpot_i`` (learned seconds per output token): when prefill is cheap the latency is the decode, and
   a slow card decodes slowly too. Only ``decode_horizon`` tokens count: ``max_tokens`` is a limit, not
   a forecast. ``batch`` (``n_i``: our requests there, or the engine's running + waiting if more) is
-  what spreads a burst of cache hits or tiny prompts evenly; ``decode_batch_ref`` is modest on purpose
-  (the emulator's step doubles at ~38 sequences, a large model's at more).
+  what spreads a burst of cache hits or tiny prompts evenly, and on a fleet of equal cards it must
+  outweigh the noise between their learned paces: ``decode_batch_ref`` sits near where the
+  emulator's step doubles (~38 sequences; a large model's at more). At twice that, a cached burst
+  on four equal cards split unevenly and lost to least-requests (measured: benchmarks/dispatch.py).
 * ``engine`` is ``None`` when never scraped or too stale: our own counts alone, exact for one gateway.
 
 ``estimate`` computes it all in one flat pass, for every candidate of every request: per-term calls
@@ -70,7 +72,7 @@ class LoadModel:
     kv_threshold: float = 0.9  # KV-cache usage above which preemption looms
     kv_penalty: float = 10.0  # extra slowdown factor at 100 % KV usage
     decode_horizon: int = 16  # output tokens counted in expected_latency (0: TTFT only)
-    decode_batch_ref: float = 64.0  # sequences sharing the steps that double a step's time (0: off)
+    decode_batch_ref: float = 32.0  # sequences sharing the steps that double a step's time (0: off)
 
 
 DEFAULT_LOAD = LoadModel()

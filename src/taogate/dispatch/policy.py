@@ -191,7 +191,8 @@ class LeastBusy:
         if not candidates:
             return None
         prompt = req.prompt_tokens
-        if not self.affinity or (req.prefix_key is None and req.blocks is None):
+        cached = any(v.cache is not None for v in candidates)
+        if not self.affinity or not cached or (req.prefix_key is None and req.blocks is None):
             costs, ttfts = self._costs(req, candidates, [prompt] * len(candidates))
             best = candidates[self._pick(candidates, costs, ttfts)]
             return Send(best.name, "least_load", work=prompt)

@@ -8,7 +8,8 @@
   own requests sent there and not answered are hits too (``pinned_hit``): the engine caches their
   blocks when it schedules them, and their events arrive a step later.
 * approximate: the model's ``expected_hit`` (``dispatch.cache_model``).
-* nothing, when the instance says its prefix caching is off.
+* no cache at all when the instance says its prefix caching is off (``caching``): dispatch then
+  works there as with affinity off.
 
 It also takes what the engine says back: its cache's shape from ``vllm:cache_config_info``, the
 hit counter between scrapes, and each answer's ``cached_tokens``.
@@ -34,11 +35,13 @@ class InstanceCache:
         self.index: KvIndex | None = None  # set when the instance publishes KV events
         self.config: CacheConfig | None = None
 
+    @property
+    def caching(self) -> bool:
+        """False when the instance says its prefix caching is off (then dispatch sees no cache)."""
+        return self.config is None or self.config.prefix_caching
+
     # -- CacheView -------------------------------------------------------------------------------
     def hit(self, req: RequestFacts) -> float:
-        config = self.config
-        if config is not None and not config.prefix_caching:
-            return 0.0  # the instance says it caches nothing
         model = self.model
         key, prefix, prompt = req.prefix_key, req.prefix_tokens, req.prompt_tokens
         index = self.index

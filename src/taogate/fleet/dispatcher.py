@@ -96,7 +96,7 @@ class Dispatcher:
         if isinstance(decision, Send):
             inst = self.fleet.get(decision.instance)
             trial = inst.breaker.on_dispatch(now)
-            ticket = inst.cache.dispatched(facts) if self.fleet.caching else None
+            ticket = inst.cache.dispatched(facts) if self.fleet.caching and inst.cache.caching else None
             lease = Lease(
                 inst,
                 facts.prompt_tokens,

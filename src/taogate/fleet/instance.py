@@ -189,6 +189,7 @@ class Instance:
         spec = self.spec
         inflight = self.inflight
         prefilling = self.prefilling
+        cache = cache and self.cache.caching
         # Positional, in InstanceView's field order (a test pins it): a dispatch builds one view per
         # instance, and keyword arguments cost far more (measured: benchmarks/overhead.py).
         return InstanceView(
