@@ -159,8 +159,8 @@ class Intake:
         facts, size = request_facts(
             route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact
         )
-        if self._blocks is not None:  # precise mode's hook: vLLM's block hashes of the prompt
-            facts.blocks = self._blocks.blocks(route.kind, payload)
+        if self._blocks is not None and facts.prefix_key is not None:  # precise mode's hook
+            facts.blocks = self._blocks.blocks(route.kind, payload)  # vLLM's block hashes of the prompt
         client_tag = header(headers, b"x-request-tag")
         tag = client_tag[:128] if client_tag else None
         if facts.long:
