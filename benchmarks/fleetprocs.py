@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -23,10 +24,19 @@ def emulators(
 
 
 def write_config(
-    path: Path, urls: list[str], log_level: str, extra: str = "", max_connections: int = 64
+    path: Path,
+    urls: list[str],
+    log_level: str,
+    extra: str = "",
+    max_connections: int = 64,
+    instance_extra: Sequence[str] = (),
 ) -> None:
-    """A gateway config.toml for ``urls``; ``extra`` is appended (e.g. a [dispatch] table)."""
-    instances = "".join(f'\n[[instances]]\nurl = "{u}"\nname = "emu{i}"\n' for i, u in enumerate(urls))
+    """A gateway config.toml for ``urls``; ``extra`` is appended (e.g. a [dispatch] table), and
+    ``instance_extra[i]`` to instance ``i``'s table."""
+    more = list(instance_extra) + [""] * (len(urls) - len(instance_extra))
+    instances = "".join(
+        f'\n[[instances]]\nurl = "{u}"\nname = "emu{i}"\n{more[i]}' for i, u in enumerate(urls)
+    )
     path.write_text(
         "[gateway]\n"
         'base_url = "http://127.0.0.1:8080"\n'
@@ -38,11 +48,17 @@ def write_config(
 
 
 def gateway(
-    workdir: Path, urls: list[str], log_level: str, api_key: str, extra: str = "", max_connections: int = 64
+    workdir: Path,
+    urls: list[str],
+    log_level: str,
+    api_key: str,
+    extra: str = "",
+    max_connections: int = 64,
+    instance_extra: Sequence[str] = (),
 ) -> AbstractAsyncContextManager[Child]:
     """``taogate serve``, as users run it; ready once ``/ready`` says its instances are probed."""
     cfg = workdir / f"config-{log_level}.toml"
-    write_config(cfg, urls, log_level, extra, max_connections)
+    write_config(cfg, urls, log_level, extra, max_connections, instance_extra)
     port = free_port()
     env = {**os.environ, "TAOTOKEN_API_KEY": api_key}
     exe = str(Path(sys.executable).with_name("taogate"))

@@ -48,7 +48,7 @@ from typing import Any
 import aiohttp
 from fleetprocs import emulators, gateway, reference
 
-from taogate.bench.procs import Child, cpu_seconds
+from taogate.bench.procs import Child, cpu_seconds, free_port
 
 MODEL = "emulated-model"
 API_KEY = "overhead-bench-key"
@@ -360,11 +360,27 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- main ------------------------------------------------------------------------------------------
+def precise_config(workdir: Path, instances: int) -> tuple[str, list[str]]:
+    """Precise prefix-cache dispatch for the main gateway: a local tokenizer (each prompt's token ids
+    and block hashes) and a KV-events subscriber per instance (the instant emulators publish none)."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    path = workdir / "tokenizer.json"
+    tok.save(str(path))
+    extra = f'[prefill]\ntokenizer = "{path}"\n'
+    return extra, [f'kv_events = "tcp://127.0.0.1:{free_port()}"\n' for _ in range(instances)]
+
+
 async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async with contextlib.AsyncExitStack() as stack:
         emu = await stack.enter_async_context(emulators(4, workdir / "emulators.log"))
         urls = emu.urls
-        gw = await stack.enter_async_context(gateway(workdir, urls, "warning", API_KEY))
+        extra, per_instance = precise_config(workdir, len(urls)) if args.precise else ("", [])
+        gw = await stack.enter_async_context(
+            gateway(workdir, urls, "warning", API_KEY, extra, instance_extra=per_instance)
+        )
         gw_url = gw.url
         gwi: Child | None = None
         gwi_url = None
@@ -504,6 +520,11 @@ def main() -> None:
     )
     p.add_argument("--paced-seconds", type=float, default=5.0, help="open-loop phase length (default 5)")
     p.add_argument("--skip-info", action="store_true", help="skip the log_level=info gateway phase")
+    p.add_argument(
+        "--precise",
+        action="store_true",
+        help="the main gateway in precise prefix-cache mode (a tokenizer, KV-event subscribers)",
+    )
     p.add_argument(
         "--references",
         type=lambda v: [c for c in v.split(",") if c],

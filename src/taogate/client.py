@@ -14,8 +14,8 @@ from pathlib import Path
 
 import openai
 
+from taogate.client_profile import ClientProfile
 from taogate.config_files import read_client_settings
-from taogate.settings import ClientProfile
 
 
 def api_base(base_url: str) -> str:

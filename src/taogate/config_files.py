@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from taogate.settings import ClientSettings, ConfigError, Settings
+from taogate.client_profile import ClientSettings
+from taogate.settings import ConfigError, Settings
 
 __all__ = ["load_settings", "read_client_settings", "read_toml", "redacted_dump"]
 

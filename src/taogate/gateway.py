@@ -24,12 +24,14 @@ from prometheus_client import CollectorRegistry
 from taogate.control.discovery import Discovery, Resolver, discovered_specs, system_resolver
 from taogate.control.events import FleetEvents
 from taogate.control.http import control_client, control_timeouts
+from taogate.control.kv_events import KvEventsSubscriber
 from taogate.control.loops import Background
 from taogate.control.probes import HealthProbes
 from taogate.control.scraper import Scraper
 from taogate.control.warmup import Warmup
 from taogate.dispatch.policy import Policy, make_policy
 from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.token_ids import PromptTokenizer, load_prompt_tokenizer
 from taogate.dispatch.tokens import TokenEstimator, load_exact_counter
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet, specs_from_settings
@@ -110,7 +112,7 @@ class Gateway:
         self.pipeline = Pipeline(
             settings,
             keys,
-            intake=Intake(settings, tokens, exact),
+            intake=Intake(settings, tokens, exact, blocks=self._prompt_tokenizer(settings)),
             dispatcher=self.dispatcher,
             upstream=self.upstream,
             accounting=self.accounting,
@@ -129,6 +131,7 @@ class Gateway:
         self.scraper = Scraper(self.fleet, self.client, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()
+        self.kv_events = KvEventsSubscriber(self.fleet)  # precise mode: instances with kv_events
         self._background = Background()
 
     def _current(self) -> Settings:
@@ -143,6 +146,14 @@ class Gateway:
         return self.pipeline.accepting
 
     @staticmethod
+    def _prompt_tokenizer(settings: Settings) -> PromptTokenizer | None:
+        """The request's own token ids, for instances whose KV events are indexed (precise mode):
+        needs ``[prefill] tokenizer``; without it those instances use the approximate model."""
+        if settings.prefill.tokenizer is None or not any(i.kv_events for i in settings.instances):
+            return None
+        return load_prompt_tokenizer(settings.prefill.tokenizer, settings.prefill.chat_template)
+
+    @staticmethod
     def _make_policy(settings: Settings) -> Policy:
         d = settings.dispatch
         return make_policy(d.strategy, affinity=d.prefix_affinity, affinity_slack=d.affinity_slack)
@@ -153,6 +164,7 @@ class Gateway:
         # One round before serving, so a fresh gateway knows who is up and what they serve.
         await self.discovery.resolve()
         await asyncio.gather(self.probes.probe_all(), self.scraper.scrape_all())
+        self.kv_events.sync()
         bg = self._background
         bg.every(lambda: self.settings.discovery.interval, self._discover)
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.probes.probe_all)
@@ -164,6 +176,7 @@ class Gateway:
         await self.pipeline.drain(self.settings.gateway.shutdown_timeout)
         await self._background.stop()
         await self.scraper.aclose()
+        await self.kv_events.stop()
         await self.client.aclose()
         await self.upstream.aclose()
         logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)
@@ -213,6 +226,7 @@ class Gateway:
         self.dispatcher.oldest_every = d.oldest_every
         self.pipeline.budget.ratio = d.retry.budget_ratio
         self._probe_new()
+        self.kv_events.sync()
         self.dispatcher.pump()
         added, removed, changed = changes
         for name in removed:
@@ -235,5 +249,6 @@ class Gateway:
         added, removed, _ = self.fleet.apply(self.settings, self._specs(self.settings))
         for name in removed:  # pods come and go: their label sets must not pile up in /metrics
             self.metrics.forget_instance(name)
+        self.kv_events.sync()
         self.dispatcher.pump()
         return added, removed

@@ -33,11 +33,11 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and the fix."""
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def _check_base_url(value: str, key: str) -> str:
+def check_base_url(value: str, key: str) -> str:
     parts = urlsplit(value)
     if parts.query or parts.fragment:
         raise ValueError(
@@ -50,7 +50,7 @@ def _check_base_url(value: str, key: str) -> str:
     return value.rstrip("/")
 
 
-class GatewaySettings(_Section):
+class GatewaySettings(Section):
     """``[gateway]``: where clients reach us, the unified key, the upstream HTTP client."""
 
     base_url: str = Field(
@@ -137,7 +137,7 @@ class GatewaySettings(_Section):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, v: str) -> str:
-        return _check_base_url(v, "[gateway] base_url")
+        return check_base_url(v, "[gateway] base_url")
 
     @model_validator(mode="after")
     def _url_within_head(self) -> GatewaySettings:
@@ -164,7 +164,7 @@ class GatewaySettings(_Section):
         return urlsplit(self.base_url).path.rstrip("/")
 
 
-class RetrySettings(_Section):
+class RetrySettings(Section):
     """``[dispatch.retry]``: failover before the first byte went downstream."""
 
     max_attempts: int = Field(default=3, ge=1, le=10, description="Attempts per request, first included.")
@@ -175,7 +175,7 @@ class RetrySettings(_Section):
     )
 
 
-class DispatchSettings(_Section):
+class DispatchSettings(Section):
     """``[dispatch]``: strategy, health, the per-instance cap and the bounded gateway queue."""
 
     strategy: Strategy = Field(default="least_busy", description="least_busy or round_robin.")
@@ -194,9 +194,10 @@ class DispatchSettings(_Section):
     )
     prefix_affinity: bool = Field(default=True, description="Send shared prefixes to the same instance.")
     affinity_slack: float = Field(
-        default=0.5,
+        default=0.0,
         ge=0,
-        description="Follow affinity while the preferred load is within this many seconds of the least.",
+        description="Extra seconds a cache hit may cost over the least loaded instance (0: none; the "
+        "expected hit is already in the cost).",
     )
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."
@@ -221,7 +222,7 @@ class DispatchSettings(_Section):
         return v
 
 
-class PrefillSettings(_Section):
+class PrefillSettings(Section):
     """``[prefill]``: how long inputs are told apart and tagged."""
 
     tag: str = Field(default="prefill", description="Tag given to long-input traffic (header, log, metric).")
@@ -234,6 +235,11 @@ class PrefillSettings(_Section):
     chars_per_token: float = Field(
         default=4.0, gt=0, description="Initial guess before calibration from upstream usage."
     )
+    chat_template: Path | None = Field(
+        default=None,
+        description="The model's chat template for precise prefix-cache dispatch (default: the one "
+        "in tokenizer_config.json or chat_template.jinja beside the tokenizer).",
+    )
 
     @field_validator("tag")
     @classmethod
@@ -243,7 +249,7 @@ class PrefillSettings(_Section):
         return v
 
 
-class InstanceSettings(_Section):
+class InstanceSettings(Section):
     """One ``[[instances]]`` entry: a vLLM server (or any OpenAI-compatible base URL)."""
 
     url: str = Field(description="Base URL of the server, without /v1, e.g. http://127.0.0.1:8000.")
@@ -253,11 +259,19 @@ class InstanceSettings(_Section):
     role: Role = Field(default="any", description="any, long (long inputs only) or short (short only).")
     max_queue: int | None = Field(default=None, ge=1, description="Overrides max_queue_per_instance.")
     scheduling_policy: SchedulingPolicy = Field(default="fcfs", description="Its --scheduling-policy.")
+    kv_events: str | None = Field(
+        default=None,
+        description="ZMQ endpoint of its KV-cache events, as in its --kv-events-config (the gateway "
+        "binds a non-wildcard address, which vLLM connects to); precise prefix-cache dispatch.",
+    )
+    kv_events_replay: str | None = Field(
+        default=None, description="Its KV events' replay endpoint (replay_endpoint), to recover lost events."
+    )
 
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        v = _check_base_url(v, "instance url")
+        v = check_base_url(v, "instance url")
         return v.removesuffix("/v1")
 
     @property
@@ -272,7 +286,7 @@ class InstanceSettings(_Section):
         return f"{host}:{parts.port}" if parts.port else host
 
 
-class DiscoverySettings(_Section):
+class DiscoverySettings(Section):
     """``[discovery]``: instances from a DNS name (e.g. a Kubernetes headless Service), re-resolved."""
 
     dns: str | None = Field(default=None, description="Name whose A/AAAA records are the instances.")
@@ -291,52 +305,6 @@ class DiscoverySettings(_Section):
                 "e.g. vllm-headless.default.svc.cluster.local"
             )
         return v
-
-
-class ClientTimeout(_Section):
-    connect: float = 10.0
-    read: float = 120.0
-    write: float = 30.0
-
-
-class ClientRetry(_Section):
-    max_attempts: int = Field(default=3, ge=1)
-    backoff_base: float = Field(default=0.5, ge=0)
-    backoff_max: float = Field(default=8.0, ge=0)
-
-
-class ClientProfile(_Section):
-    """``settings.json``'s ``taotoken`` object: how a client reaches the gateway."""
-
-    model_config = ConfigDict(extra="ignore")
-    base_url: str = "http://127.0.0.1:8080"
-    api_key: str = "${TAOTOKEN_API_KEY}"
-    default_model: str = "your-model-name"
-    timeout: ClientTimeout = Field(default_factory=ClientTimeout)
-    retry: ClientRetry = Field(default_factory=ClientRetry)
-    headers: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("base_url")
-    @classmethod
-    def _base_url(cls, v: str) -> str:
-        return _check_base_url(v, "settings.json taotoken.base_url")
-
-    def resolved_api_key(self, environ: Mapping[str, str] | None = None) -> str:
-        return expand_env(self.api_key, os.environ if environ is None else environ)
-
-
-class VllmProfile(_Section):
-    model_config = ConfigDict(extra="ignore")
-    instances: list[str] = Field(default_factory=list)
-    tensor_parallel_size: int | None = None
-
-
-class ClientSettings(_Section):
-    """The whole ``settings.json``."""
-
-    model_config = ConfigDict(extra="ignore")
-    taotoken: ClientProfile = Field(default_factory=ClientProfile)
-    vllm: VllmProfile = Field(default_factory=VllmProfile)
 
 
 class Settings(BaseSettings):
@@ -406,6 +374,7 @@ class Settings(BaseSettings):
             ),
             ("[prefill] tokenizer", a.prefill.tokenizer, b.prefill.tokenizer),
             ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
+            ("[prefill] chat_template", a.prefill.chat_template, b.prefill.chat_template),
         ]
         return [key for key, old, cur in pairs if old != cur]
 

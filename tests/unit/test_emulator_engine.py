@@ -154,8 +154,8 @@ def test_kv_usage_grows_with_prefill_and_decode() -> None:
         usage.append(engine.kv_usage)
         if not engine.has_work():
             break
-    assert usage[0] == pytest.approx(32 / 1000)  # one 512-token chunk
-    assert max(usage) == pytest.approx(-(-(1024 + 40) // 16) / 1000)
+    assert usage[0] == pytest.approx(32 / 999)  # one 512-token chunk; block 0 is the null block
+    assert max(usage) == pytest.approx(-(-(1024 + 40) // 16) / 999)
     assert engine.kv_usage == 0.0
 
 
@@ -182,7 +182,7 @@ def test_prefix_caching_off_never_hits() -> None:
 
 
 def test_lru_eviction_keeps_blocks_in_use() -> None:
-    cfg = replace(DEFAULT, enable_prefix_caching=True, num_kv_blocks=40)  # 640 tokens
+    cfg = replace(DEFAULT, enable_prefix_caching=True, num_kv_blocks=41)  # 640 tokens and the null block
     engine = Engine(cfg)
     p1, p2 = [1] * 320, [2] * 320
     simulate(engine, [(0.0, EngineRequest("a", p1, 1))])  # p1's 20 blocks now cached but free

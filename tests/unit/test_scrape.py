@@ -11,7 +11,6 @@ from taogate.fleet.engine import (
     engine_window,
     hit_rate,
     is_stale,
-    parse_load_metrics,
     parse_vllm_metrics,
     stale_after,
 )
@@ -245,12 +244,3 @@ def test_engine_window_is_what_the_engine_measured_in_between() -> None:
     assert engine_window(EngineSample(), after) is None  # an engine that reports no phases
     restarted = engine_window(after, parse_vllm_metrics(_phases(2, 0.2, 0.0, 0.1, 500, 500, 10)))
     assert restarted is not None and restarted.requests == 2 and restarted.computed_tokens == 250
-
-
-def test_endpoint_load_metrics_header() -> None:
-    json_value = 'JSON {"named_metrics": {"num_requests_waiting": 3.0, "kv_cache_usage_perc": 0.25}}'
-    assert parse_load_metrics(json_value) == (3.0, 0.25)
-    text = "TEXT named_metrics.num_requests_waiting=1.0, named_metrics.kv_cache_usage_perc=0.5"
-    assert parse_load_metrics(text) == (1.0, 0.5)
-    assert parse_load_metrics("XML <x/>") is None
-    assert parse_load_metrics("JSON {nope") is None

@@ -22,7 +22,7 @@ import pickle
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,9 @@ START_TIMEOUT_S = 60.0
 
 
 @contextlib.asynccontextmanager
-async def _child(kind: str, payload: Any, count: int) -> AsyncIterator[list[str]]:
+async def _child(
+    kind: str, payload: Any, count: int, on_pid: Callable[[int], None] | None = None
+) -> AsyncIterator[list[str]]:
     """Run ``python -m taogate.bench.isolated KIND FILE`` and yield the ``count`` URLs it announces."""
     with tempfile.TemporaryDirectory(prefix="taogate-isolated-") as tmp:
         spec = Path(tmp) / "spec.pickle"
@@ -48,6 +50,8 @@ async def _child(kind: str, payload: Any, count: int) -> AsyncIterator[list[str]
             cmd, name=f"isolated {kind}", ready_prefix=READY, ready_count=count, ready_within=START_TIMEOUT_S
         )
         async with launched as child:
+            if on_pid is not None:
+                on_pid(child.pid)
             yield child.urls
 
 
@@ -57,9 +61,12 @@ def fleet_process(configs: Sequence[EmulatorConfig]) -> contextlib.AbstractAsync
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(settings: Any, key: str) -> AsyncIterator[str]:
-    """taogate (``settings``, the unified key ``key``) in a child process; yields its root URL."""
-    async with _child("gateway", (settings, key), 1) as urls:
+async def gateway_process(
+    settings: Any, key: str, on_pid: Callable[[int], None] | None = None
+) -> AsyncIterator[str]:
+    """taogate (``settings``, the unified key ``key``) in a child process; yields its root URL
+    (``on_pid`` is told the child's pid, e.g. to read its memory)."""
+    async with _child("gateway", (settings, key), 1, on_pid) as urls:
         yield urls[0]
 
 

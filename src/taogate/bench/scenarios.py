@@ -26,6 +26,7 @@ import httpx
 
 from taogate.app import serve_gateway
 from taogate.bench.isolated import fleet_process, fleet_stats, gateway_process
+from taogate.bench.procs import rss_bytes
 from taogate.bench.report import Summary, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
 from taogate.bench.workloads import Workload
@@ -61,6 +62,7 @@ class Scenario:
     prefix_affinity: bool = False
     max_queue: int = 32
     prefix_caching: bool | None = None  # emulated only: override the fleet's setting for this row
+    dispatch: tuple[tuple[str, Any], ...] = ()  # more [dispatch] settings for this row
 
 
 COMPARE: tuple[Scenario, ...] = (
@@ -104,6 +106,9 @@ def pooled_config(configs: Sequence[EmulatorConfig]) -> EmulatorConfig:
         max_num_seqs=sum(c.max_num_seqs for c in configs),
         max_num_batched_tokens=sum(c.max_num_batched_tokens for c in configs),
         kv_cache_tokens=sum(c.kv_cache_tokens for c in configs),
+        num_gpu_blocks_override=(
+            sum(c.num_kv_blocks for c in configs) if any(c.num_gpu_blocks_override for c in configs) else None
+        ),
         step_overhead=min(c.step_overhead for c in configs),
         slowdown=1.0,
         seed=0,
@@ -220,6 +225,7 @@ class Outcome:
     admin: dict[str, Any] | None = None  # the gateway's /admin/instances after the run
     emulator: list[dict[str, Any]] = field(default_factory=list)  # per-instance emulator stats
     engine_hits: tuple[float, float] | None = None  # real fleet: prefix-cache (queries, hits) in the run
+    gateway_rss: int = 0  # bytes, after the run (isolated gateways only)
 
     @property
     def cache_hit_rate(self) -> float:
@@ -246,15 +252,19 @@ async def _gateway_run(
     names: Sequence[str],
     load: dict[str, Any],
     isolated: bool = False,
+    rss: list[int] | None = None,
 ) -> tuple[Run, dict[str, Any] | None]:
-    settings = gateway_settings(urls, scenario, names=names)
+    settings = gateway_settings(urls, scenario, names=names, **dict(scenario.dispatch))
     key = secrets.token_urlsafe(24)
+    pids: list[int] = []
     async with contextlib.AsyncExitStack() as stack:
         if isolated:
-            url = await stack.enter_async_context(gateway_process(settings, key))
+            url = await stack.enter_async_context(gateway_process(settings, key, pids.append))
         else:
             url = (await stack.enter_async_context(serve_gateway(settings, key=key))).url
         run = await run_load([Target(url + "/v1", key)], workload, model, label=scenario.label, **load)
+        if rss is not None and pids:
+            rss.append(rss_bytes(pids[0]))
         return run, await admin_instances(url, key)
 
 
@@ -310,6 +320,7 @@ async def run_scenario(
         else:
             fleet = await stack.enter_async_context(run_fleet(fleet_cfgs))
             fleet_urls = fleet.urls
+        rss: list[int] = []
         if scenario.kind == "gateway":
             run, admin = await _gateway_run(
                 fleet_urls,
@@ -319,9 +330,11 @@ async def run_scenario(
                 names=names,
                 load=load,
                 isolated=isolated,
+                rss=rss,
             )
         else:
             targets = [Target(u + "/v1", "", names[n]) for n, u in enumerate(fleet_urls)]
             run = await run_load(targets, workload, model, label=scenario.label, **load)
         stats = await fleet_stats(fleet_urls) if isolated else [inst.stats() for inst in fleet.instances]
-    return Outcome(scenario, run, summarize(scenario.label, run.samples, names), admin, stats)
+    summary = summarize(scenario.label, run.samples, names)
+    return Outcome(scenario, run, summary, admin, stats, gateway_rss=rss[0] if rss else 0)

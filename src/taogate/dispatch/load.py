@@ -4,7 +4,7 @@ Least busy means least *work*: a 4,096-token prefill is not a 50-token one, and 
 the same work more slowly. For a request expected to cost ``P`` prefill tokens on instance ``i``
 (``expected_prefill``: its prompt, less a prefix the instance is known to hold)::
 
-    queued  = prefill_tokens_i * uncached_i                    # our outstanding prefill, instant
+    queued  = prefill_work_i  (else prefill_tokens_i * uncached_i) # our outstanding prefill, instant
             + max(0, engine.waiting - prefilling_i) * typical   # queued there by others (other replicas)
     slow    = 1 + decode_weight * running_i / step_tokens      # decodes take a token of every step
             * (1 + kv_penalty * ((kv - kv_threshold) / (1 - kv_threshold))**2   if kv > kv_threshold)
@@ -14,12 +14,12 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
 
 * ``base_i``: the fixed latency (an engine step, HTTP); when every prompt is a prefix-cache hit, the
   only sign of a slow card.
-* ``prefill_tokens_i`` / ``prefilling_i``: our requests there with no first token yet (tokens, count),
-  so a burst within one scrape interval sees itself at once. They book whole prompts (see
-  ``policy``); ``speed_i`` is learned per *uncached* token, so the booking is discounted by
-  ``uncached_i`` (``SpeedEstimator.uncached_ratio``): undiscounted, an instance whose prompts all hit
-  the cache looked as busy as one prefilling every token, and the slow card drew the work (measured:
-  benchmarks/dispatch.py).
+* ``prefill_work_i`` / ``prefilling_i``: our requests there with no first token yet (expected
+  uncached tokens, count), so a burst within one scrape interval sees itself at once. Each books
+  its prompt less the hit its cache view expected there (``policy``). Without that booking, the
+  whole prompts (``prefill_tokens_i``) discounted by the instance's recent uncached share
+  (``SpeedEstimator.uncached_ratio``): undiscounted, an instance whose prompts all hit the cache
+  looks as busy as one prefilling every token.
 * ``engine.waiting`` counts every request queued in vLLM, ours included; less ours without a first
   token, the rest are foreign, each ``typical`` tokens. Some of ours already run, so this undercounts:
   it never makes an instance look busier because of us.
@@ -30,8 +30,10 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
 * ``tpot_i`` (learned seconds per output token): when prefill is cheap the latency is the decode, and
   a slow card decodes slowly too. Only ``decode_horizon`` tokens count: ``max_tokens`` is a limit, not
   a forecast. ``batch`` (``n_i``: our requests there, or the engine's running + waiting if more) is
-  what spreads a burst of cache hits or tiny prompts evenly; ``decode_batch_ref`` is modest on purpose
-  (the emulator's step doubles at ~38 sequences, a large model's at more).
+  what spreads a burst of cache hits or tiny prompts evenly, and on a fleet of equal cards it must
+  outweigh the noise between their learned paces: ``decode_batch_ref`` sits near where the
+  emulator's step doubles (~38 sequences; a large model's at more). At twice that, a cached burst
+  on four equal cards split unevenly and lost to least-requests (measured: benchmarks/dispatch.py).
 * ``engine`` is ``None`` when never scraped or too stale: our own counts alone, exact for one gateway.
 
 ``estimate`` computes it all in one flat pass, for every candidate of every request: per-term calls
@@ -70,7 +72,7 @@ class LoadModel:
     kv_threshold: float = 0.9  # KV-cache usage above which preemption looms
     kv_penalty: float = 10.0  # extra slowdown factor at 100 % KV usage
     decode_horizon: int = 16  # output tokens counted in expected_latency (0: TTFT only)
-    decode_batch_ref: float = 64.0  # sequences sharing the steps that double a step's time (0: off)
+    decode_batch_ref: float = 32.0  # sequences sharing the steps that double a step's time (0: off)
 
 
 DEFAULT_LOAD = LoadModel()
@@ -82,10 +84,14 @@ def estimate(
     """(``expected_ttft``, ``expected_latency``) of a request costing ``prompt_tokens`` of prefill on
     ``view``: the formula of the module docstring in one pass (the functions below, term by term)."""
     # queued_tokens
-    ratio = view.uncached_ratio
-    ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
-    booked = view.prefill_tokens
-    queued = booked * ratio if booked > 0 else 0.0
+    booked_work = view.prefill_work
+    if booked_work is not None:
+        queued = float(booked_work) if booked_work > 0 else 0.0
+    else:
+        ratio = view.uncached_ratio
+        ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
+        booked = view.prefill_tokens
+        queued = booked * ratio if booked > 0 else 0.0
     decoding = view.decoding
     running = float(decoding) if decoding > 0 else 0.0
     inflight = view.inflight
@@ -128,7 +134,10 @@ def estimate(
 
 def queued_tokens(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     """Prefill tokens ahead of a new request on this instance (ours exactly, others' estimated)."""
-    queued = float(max(0, view.prefill_tokens)) * min(1.0, max(0.0, view.uncached_ratio))
+    if view.prefill_work is not None:
+        queued = float(max(0, view.prefill_work))
+    else:
+        queued = float(max(0, view.prefill_tokens)) * min(1.0, max(0.0, view.uncached_ratio))
     if view.engine is not None:
         foreign = max(0.0, view.engine.waiting - view.own_prefilling)
         queued += foreign * model.typical_prompt_tokens

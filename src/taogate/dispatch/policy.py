@@ -10,38 +10,38 @@ them to ``Policy.choose``; a policy only ranks.
   ``tie_ratio``: learned speeds carry that much noise) go to the instance with the fewest requests in
   flight, names rotating among equals, so an idle fleet or a burst of cache hits spreads evenly
   instead of feeding the fastest-looking instance.
+* ``LeastRequests``: the fewest requests in flight (nginx's ``least_conn``), a benchmark baseline.
 
-**Prefix affinity** (``LeastBusy(affinity=True)``). The policy remembers, per prefix key, the few
-instances it recently sent the key to (bounded LRU): those hold the prefix. A key never seen is
-assumed held by its rendezvous instance over *every* eligible one (so the mapping stays put while an
-instance is merely full, and another gateway replica, hashing alike, may have warmed it). Each
-candidate is costed with the prefill it needs *there* (``load.expected_prefill``), then:
+**Prefix affinity** (``LeastBusy(affinity=True)``). Each candidate carries a view of its prefix
+cache (``InstanceView.cache``: modelled from what was sent there, ``cache_model``, or indexed from
+its KV events). A request is costed on each candidate with the prefill it needs *there*: its
+prompt less the hit that instance's cache is expected to give (``CacheView.hit``). A key never
+sent anywhere is a hit nowhere, so unique prompts are dispatched on load alone. A miss on an
+instance whose cache is full also pays for the reused prefixes it would evict
+(``CacheView.eviction_cost`` at that instance's speed): those are prefilled again later. So a hot
+prefix stays on as few instances as its load needs and spreads only when a holder's queue costs
+more than prefilling it elsewhere, and on a tight cache only when that is worth the eviction too.
 
-* the cheapest candidate holds the prefix: take it (``affinity_hit``);
-* else the cheapest holder, if within ``affinity_slack`` seconds of the best (``affinity_hit``);
+* the cheapest candidate has the prefix: ``affinity_hit``;
+* else the cheapest holder, if within ``affinity_slack`` seconds of the best (``affinity_hit``),
   failing that the best (``affinity_override``), which from then on holds the prefix too;
-* the slack is only for keys seen before: a first-seen key may be unique (mixed traffic), and
-  following each one's hashed instance would place long prompts at random.
+* among near-ties the one with the fewest requests in flight, then the key's rendezvous choice,
+  so replicas that hash alike agree where a new prefix starts.
 
-So load decides once a key gets hot: requests sharing one long prefix spread as queues build instead
-of piling onto one instance, then each goes to the cheapest instance that has it cached. The lease
-still books the whole prompt, not its uncached part (booked that way, a warm instance looked idle
-and kept a whole cached burst; ``load`` discounts the booking by the learned uncached share instead),
-and a key that lives elsewhere is no longer assumed on its hashed instance (that sent it back cold).
-Both measured: benchmarks/dispatch.py.
+``Send.work`` is the prefill expected there; the lease books it, so the next decision sees each
+queue's real work (a warm burst books a few tokens each, not whole prompts).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
 from .affinity import rendezvous
-from .load import DEFAULT_LOAD, LoadModel, estimate, expected_prefill
+from .load import DEFAULT_LOAD, LoadModel, estimate
 from .types import STRATEGIES, InstanceView, RequestFacts, Send
 
-__all__ = ["STRATEGIES", "LeastBusy", "Policy", "RoundRobin", "make_policy"]
+__all__ = ["STRATEGIES", "LeastBusy", "LeastRequests", "Policy", "RoundRobin", "make_policy"]
 
 
 class Policy(Protocol):
@@ -88,45 +88,59 @@ class RoundRobin:
         return Send(self._last, "round_robin")
 
 
+class LeastRequests:
+    """The fewest of our requests in flight; names rotate among equals (nginx ``least_conn``)."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "least_requests"
+
+    def choose(
+        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
+    ) -> Send | None:
+        if not candidates:
+            return None
+        fewest = min(v.inflight for v in candidates)
+        self._last = _next_after([v.name for v in candidates if v.inflight == fewest], self._last)
+        return Send(self._last, "least_requests")
+
+
 class LeastBusy:
-    """Least expected time to first token, with optional prefix affinity (module docstring)."""
+    """Least expected latency, with optional prefix affinity (module docstring)."""
 
     def __init__(
         self,
         *,
         affinity: bool = False,
-        affinity_slack: float = 0.5,
+        affinity_slack: float = 0.0,
         load: LoadModel = DEFAULT_LOAD,
         tie_ratio: float = 0.05,
-        warm_keys: int = 4096,
-        warm_per_key: int = 4,
     ) -> None:
         self.affinity = affinity
         self.affinity_slack = max(0.0, affinity_slack)
         self.load = load
         self.tie_ratio = max(0.0, tie_ratio)
         self._last: str | None = None
-        self._warm: OrderedDict[int, tuple[str, ...]] = OrderedDict()
-        self._warm_keys = max(1, warm_keys)
-        self._warm_per_key = max(1, warm_per_key)
 
     @property
     def name(self) -> str:
         return "least_busy"
 
-    def _remember(self, key: int, instance: str) -> None:
-        held = self._warm.pop(key, ())
-        self._warm[key] = (instance, *[n for n in held if n != instance])[: self._warm_per_key]
-        while len(self._warm) > self._warm_keys:
-            self._warm.popitem(last=False)
-
     def _pick(
-        self, candidates: Sequence[InstanceView], costs: Sequence[float], ttfts: Sequence[float]
-    ) -> tuple[InstanceView, float]:
-        """The cheapest candidate; among near-ties, the one with the fewest requests in flight, and
-        among those the names rotate. A near-tie is within ``tie_ratio`` of the best in cost *and* in
-        expected TTFT: the decode term is the same size on every similar instance, and judged on the
-        sum alone it would make real differences in queued work look like ties."""
+        self,
+        candidates: Sequence[InstanceView],
+        costs: Sequence[float],
+        ttfts: Sequence[float],
+        key: int | None = None,
+    ) -> int:
+        """Index of the cheapest candidate; among near-ties, the one with the fewest requests in
+        flight, and among those the key's rendezvous choice (no key: the names rotate). A near-tie
+        is within ``tie_ratio`` of the best in cost *and* in expected TTFT: the decode term is the
+        same size on every similar instance, and judged on the sum alone it would make real
+        differences in queued work look like ties."""
         best = min(costs)
         i = costs.index(best)
         widen = 1.0 + self.tie_ratio
@@ -136,10 +150,15 @@ class LeastBusy:
         if len(tied) > 1:
             fewest = min(candidates[j].inflight for j in tied)
             names = [candidates[j].name for j in tied if candidates[j].inflight == fewest]
-            name = names[0] if len(names) == 1 else _next_after(names, self._last)
+            if len(names) == 1:
+                name = names[0]
+            elif key is not None:
+                name = rendezvous(key, names) or names[0]
+            else:
+                name = _next_after(names, self._last)
             i = next(j for j in tied if candidates[j].name == name)
         self._last = candidates[i].name
-        return candidates[i], costs[i]
+        return i
 
     def _costs(
         self, req: RequestFacts, candidates: Sequence[InstanceView], work: Sequence[float]
@@ -154,50 +173,67 @@ class LeastBusy:
             costs.append(latency)
         return costs, ttfts
 
+    @staticmethod
+    def _sharers(key: int | None, candidates: Sequence[InstanceView], hits: Sequence[float]) -> float:
+        """Requests expected to share one copy of this prefix: ours with the key in flight per
+        instance holding it (at least 1)."""
+        if key is None:
+            return 1.0
+        holders = [v for v, h in zip(candidates, hits, strict=True) if h > 0.0 and v.cache is not None]
+        if not holders:
+            return 1.0
+        inflight = sum(v.cache.inflight(key) for v in holders if v.cache is not None)
+        return max(1.0, inflight / len(holders))
+
     def choose(
         self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
     ) -> Send | None:
         if not candidates:
             return None
-        key = req.prefix_key if self.affinity else None
-        if key is None:
-            costs, ttfts = self._costs(req, candidates, [req.prompt_tokens] * len(candidates))
-            best, _ = self._pick(candidates, costs, ttfts)
-            return Send(best.name, "least_load")
+        prompt = req.prompt_tokens
+        cached = any(v.cache is not None for v in candidates)
+        if not self.affinity or not cached or (req.prefix_key is None and req.blocks is None):
+            costs, ttfts = self._costs(req, candidates, [prompt] * len(candidates))
+            best = candidates[self._pick(candidates, costs, ttfts)]
+            return Send(best.name, "least_load", work=prompt)
 
-        preferred = rendezvous(key, peers or [v.name for v in candidates])
-        # A key seen before is worth bending load for (its next requests hit where it goes); one never
-        # seen may be unique (every mixed-traffic prompt starts differently): the preferred instance is
-        # still costed with the hit (another gateway may have warmed it) but gets no extra slack.
-        seen = self._warm.get(key)
-        slack = self.affinity_slack if seen else 0.0
-        warm = set(seen) if seen else {preferred}
-        hit = max(0, min(req.prefix_tokens, req.prompt_tokens - 1))
-        work = [expected_prefill(req.prompt_tokens, hit if v.name in warm else 0) for v in candidates]
+        hits = [v.cache.hit(req) if v.cache is not None else 0.0 for v in candidates]
+        work = [max(1.0, prompt - h) for h in hits]
         costs, ttfts = self._costs(req, candidates, work)
-        best, best_cost = self._pick(candidates, costs, ttfts)
-        if best.name in warm:  # the cheapest already holds the prefix: nothing to protect
-            self._remember(key, best.name)
-            return Send(best.name, "affinity_hit")
-        held = [(c, v.name) for v, c in zip(candidates, costs, strict=True) if v.name in warm]
-        if held and min(held)[0] <= best_cost + slack:
-            name = min(held)[1]
-            self._remember(key, name)
-            return Send(name, "affinity_hit")
-        self._remember(key, best.name)
-        return Send(best.name, "affinity_override")
+        occupied = prompt + (req.max_tokens or self.load.decode_horizon)
+        share = self._sharers(req.prefix_key, candidates, hits)
+        saved = max(hits)
+        for j, v in enumerate(candidates):
+            if hits[j] <= 0.0 and v.cache is not None:
+                speed = max(v.speed, 1e-9)
+                lost = v.cache.eviction_cost(occupied)
+                # A new copy of a hot prefix serves the requests that will share it there: its
+                # prefill is theirs as much as this one's. What it evicts is lost for all of them.
+                costs[j] += lost / speed - saved * (1.0 - 1.0 / share) / speed
+        i = self._pick(candidates, costs, ttfts, req.prefix_key)
+        if hits[i] > 0.0:
+            return Send(candidates[i].name, "affinity_hit", work=round(work[i]))
+        held = [(costs[j], j) for j in range(len(candidates)) if hits[j] > 0.0]
+        if not held:
+            return Send(candidates[i].name, "least_load", work=round(work[i]))
+        cost, j = min(held)
+        if cost <= costs[i] + self.affinity_slack:
+            return Send(candidates[j].name, "affinity_hit", work=round(work[j]))
+        return Send(candidates[i].name, "affinity_override", work=round(work[i]))
 
 
 def make_policy(
     strategy: str,
     *,
     affinity: bool = False,
-    affinity_slack: float = 0.5,
+    affinity_slack: float = 0.0,
     load: LoadModel = DEFAULT_LOAD,
 ) -> Policy:
     """The policy for ``[dispatch] strategy``; an unknown name is an error, never a silent fallback."""
     if strategy == "round_robin":
         return RoundRobin()
+    if strategy == "least_requests":
+        return LeastRequests()
     if strategy == "least_busy":
         return LeastBusy(affinity=affinity, affinity_slack=affinity_slack, load=load)
     raise ValueError(f"unknown dispatch strategy {strategy!r}; accepted values: {', '.join(STRATEGIES)}")

@@ -11,8 +11,9 @@ made building a view far costlier (measured: benchmarks/overhead.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal, Protocol, get_args
 
 #: An instance's channel: any request, long inputs only, or short ones only.
 Role = Literal["any", "long", "short"]
@@ -20,12 +21,15 @@ Role = Literal["any", "long", "short"]
 #: vLLM's ``--scheduling-policy``: only ``priority`` instances act on a request's priority class.
 SchedulingPolicy = Literal["fcfs", "priority"]
 
-#: ``[dispatch] strategy``: how the dispatcher ranks the instances that may take a request.
-Strategy = Literal["least_busy", "round_robin"]
+#: ``[dispatch] strategy``: how the dispatcher ranks the instances that may take a request
+#: (``least_requests``, fewest requests in flight as nginx's ``least_conn``, is a baseline).
+Strategy = Literal["least_busy", "round_robin", "least_requests"]
 STRATEGIES: Final[tuple[str, ...]] = get_args(Strategy)
 
 #: Why an instance was picked; bounded, used as a metric label.
-PickReason = Literal["least_load", "affinity_hit", "affinity_override", "round_robin", "overflow"]
+PickReason = Literal[
+    "least_load", "affinity_hit", "affinity_override", "round_robin", "least_requests", "overflow"
+]
 
 #: Why a request was not sent now; bounded, used as a metric label.
 RefuseReason = Literal["no_instance", "queue_full", "queue_timeout", "model_not_found"]
@@ -40,6 +44,28 @@ class EngineStats:
     kv_usage: float | None = None
     prefix_hit_rate: float | None = None
     age: float = 0.0  # seconds since the scrape
+
+
+class PromptBlocks(Protocol):
+    """A request's own token ids, as vLLM's block hashes (precise mode: a local tokenizer)."""
+
+    def hashes(self, block_size: int) -> Sequence[int]: ...
+
+
+class CacheView(Protocol):
+    """What dispatch may ask of an instance's prefix cache (modelled, or indexed from KV events)."""
+
+    def hit(self, req: RequestFacts) -> float:
+        """Prompt tokens ``req`` is expected to find cached there."""
+        ...
+
+    def eviction_cost(self, tokens: int) -> float:
+        """Reused prefix tokens a miss of ``tokens`` tokens would push out of its cache."""
+        ...
+
+    def inflight(self, key: int) -> int:
+        """Our requests with this prefix key there now (sent, not finished)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -61,6 +87,8 @@ class InstanceView:
     uncached_ratio: float = 1.0  # recent share of its prompt tokens the prefix cache did not cover
     engine: EngineStats | None = None  # None: never scraped, or too stale to trust
     overflow: bool = False  # the optional overflow channel, used only when primaries are full
+    cache: CacheView | None = None  # its prefix cache; None: nothing known (no hit expected)
+    prefill_work: int | None = None  # expected uncached prefill of ours with no first token yet
 
     @property
     def has_room(self) -> bool:
@@ -89,6 +117,7 @@ class RequestFacts:
     stream: bool = False
     max_tokens: int | None = None  # the request's output limit, when it gives one
     priority: int = 0  # vLLM's priority class: lower values leave the gateway queue first
+    blocks: PromptBlocks | None = None  # its token ids' block hashes (precise mode), else None
 
 
 @dataclass(slots=True)
@@ -96,6 +125,7 @@ class Send:
     instance: str
     reason: PickReason
     channel_fallback: bool = False  # the request's own channel had no healthy instance
+    work: int | None = field(default=None, compare=False)  # expected prefill there (less its hit)
 
 
 @dataclass(frozen=True, slots=True)

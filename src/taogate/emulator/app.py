@@ -219,6 +219,7 @@ class EmulatorApp:
         while True:  # bounded by the server: startup, then shutdown
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self.instance.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.instance.aclose()

@@ -24,6 +24,7 @@ import typer
 
 from taogate.emulator.config import EmulatorConfig, Faults
 from taogate.emulator.fleet import run_fleet
+from taogate.emulator.kv_events import offset_endpoint
 from taogate.serving import loop_factory
 
 __all__ = ["build_configs", "emulate", "parse_slow"]
@@ -55,7 +56,14 @@ def build_configs(base: EmulatorConfig, fleet: int, slow: Sequence[str]) -> list
     count = max(1, fleet)
     factors = parse_slow(slow, count)
     return [
-        replace(base, seed=base.seed + i, slowdown=factors.get(i, base.slowdown), faults=base.faults.copy())
+        replace(
+            base,
+            seed=base.seed + i,
+            slowdown=factors.get(i, base.slowdown),
+            faults=base.faults.copy(),
+            kv_events_endpoint=offset_endpoint(base.kv_events_endpoint, i),
+            kv_events_replay=offset_endpoint(base.kv_events_replay, i),
+        )
         for i in range(count)
     ]
 
@@ -90,7 +98,15 @@ def emulate(
     decode_tps: Annotated[float, typer.Option(min=1, help="Decode cost, tokens/s per batch.")] = 3_200.0,
     step_overhead: Annotated[float, typer.Option(min=0, help="Fixed seconds per engine step.")] = 0.012,
     kv_cache_tokens: Annotated[int, typer.Option(min=16, help="KV-cache capacity in tokens.")] = 262_144,
-    block_size: Annotated[int, typer.Option(min=1, help="KV-cache block size in tokens.")] = 16,
+    block_size: Annotated[int, typer.Option(min=1, help="Tokens per KV block (vLLM on CPU: 128).")] = 16,
+    num_gpu_blocks_override: Annotated[
+        int | None, typer.Option(min=2, help="KV blocks, the null block included (overrides the tokens).")
+    ] = None,
+    kv_events_endpoint: Annotated[
+        str | None, typer.Option(help="Publish KV events over ZMQ (vLLM's wire; needs prefix caching).")
+    ] = None,
+    kv_events_topic: Annotated[str, typer.Option(help="Topic of the KV events.")] = "",
+    kv_events_replay: Annotated[str | None, typer.Option(help="ZMQ ROUTER endpoint for replays.")] = None,
     enable_prompt_tokens_details: Annotated[
         bool, typer.Option(help="usage carries prompt_tokens_details.cached_tokens.")
     ] = False,
@@ -136,6 +152,10 @@ def emulate(
             enable_prompt_tokens_details=enable_prompt_tokens_details,
             enable_request_id_headers=enable_request_id_headers,
             embeddings=embeddings,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            kv_events_endpoint=kv_events_endpoint,
+            kv_events_topic=kv_events_topic,
+            kv_events_replay=kv_events_replay,
             instant=instant,
             faults=faults,
             seed=seed,

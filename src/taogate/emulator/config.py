@@ -93,6 +93,10 @@ class EmulatorConfig:
     enable_prefix_caching: bool = False
     kv_cache_tokens: int = 262_144
     block_size: int = 16
+    num_gpu_blocks_override: int | None = None  # KV blocks, the null block included (vLLM's flag)
+    kv_events_endpoint: str | None = None  # publish vLLM's KV events over ZMQ here (prefix caching on)
+    kv_events_topic: str = ""
+    kv_events_replay: str | None = None  # a ROUTER endpoint answering replay requests
     instant: bool = False
     # vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details (cached tokens).
     enable_prompt_tokens_details: bool = False
@@ -124,9 +128,14 @@ class EmulatorConfig:
                 raise ValueError(f"EmulatorConfig.{name} must be > 0, got {value!r}")
         if self.step_overhead < 0:
             raise ValueError(f"EmulatorConfig.step_overhead must be >= 0, got {self.step_overhead!r}")
-        if self.kv_cache_tokens < self.block_size:
-            raise ValueError("EmulatorConfig.kv_cache_tokens must hold at least one block")
+        if self.kv_cache_tokens < 2 * self.block_size:
+            raise ValueError("EmulatorConfig.kv_cache_tokens must hold at least two blocks")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
+            raise ValueError("EmulatorConfig.num_gpu_blocks_override must be >= 2 (one is the null block)")
 
     @property
     def num_kv_blocks(self) -> int:
+        """KV blocks, vLLM's ``num_gpu_blocks``: the null block included, so one fewer is usable."""
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
         return self.kv_cache_tokens // self.block_size

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from taogate.emulator.clock import Clock
 from taogate.emulator.engine import Engine, EngineRequest, FinishReason, SeqOutput
@@ -43,6 +44,7 @@ class Tracked:
 
 
 OutputHook = Callable[[Tracked, SeqOutput, float], None]
+EventsHook = Callable[[list[dict[str, Any]]], None]
 
 
 class EngineDriver:
@@ -55,11 +57,13 @@ class EngineDriver:
         *,
         extra_step_delay: Callable[[], float],
         on_output: OutputHook,
+        on_events: EventsHook | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
         self._extra = extra_step_delay
         self._on_output = on_output
+        self._on_events = on_events
         self._live: dict[str, Tracked] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -131,7 +135,10 @@ class EngineDriver:
                     started.scheduled = now
             deadline = max(deadline, now - _MAX_CATCHUP_S) + plan.duration + self._extra()
             await clock.sleep(deadline - now)
-            for out in engine.update(plan):
+            outputs = engine.update(plan)
+            if self._on_events is not None:  # a step's KV events go out after its forward, as vLLM's
+                self._on_events(engine.take_events())
+            for out in outputs:
                 tracked = self._live.get(out.request_id)
                 if tracked is None:
                     continue

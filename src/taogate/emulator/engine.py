@@ -15,7 +15,10 @@ One *step* of the engine (vLLM v1 scheduler, chunked prefill on):
 KV: admission reserves room for ``prompt + max_tokens`` tokens (minus prefix-cache hits) so an admitted
 request never stalls or gets preempted; blocks are then *taken* only as tokens enter the cache, so
 ``kv_cache_usage`` grows with prefill and decode as in vLLM. (vLLM over-admits and preempts instead;
-reservation keeps the model simple and its invariants provable.)
+reservation keeps the model simple and its invariants provable.) With prefix caching on, every block
+that a step fills (prompt or generated tokens) is cached when the step is *scheduled*, as vLLM does:
+a request admitted later, even in the same step, hits it; ``take_events`` returns vLLM's KV events
+for what was cached and evicted (``kv_cache``).
 
 Defaults (see ``EmulatorConfig``), chosen to give a healthy card's shape (benchmarks/emulator_figures.py
 shows it in real time):
@@ -27,7 +30,9 @@ shows it in real time):
   sequence: ≈ 12.3 ms per token alone, ≈ 22 ms per token with 32 sequences decoding.
 - ``max_num_seqs = 32``, ``max_num_batched_tokens = 2048``: vLLM's usual online-serving values.
 - ``kv_cache_tokens = 262_144`` (16,384 blocks of 16): about what an 8B model leaves for KV on an
-  80 GB card; 32 concurrent 4k-token requests fit, so KV pressure appears only when configured.
+  80 GB card; 32 concurrent 4k-token requests fit, so KV pressure appears only when configured
+  (``num_gpu_blocks_override``, as vLLM's flag). Blocks of 16 tokens: vLLM's default on a GPU, which
+  is what the speeds above model (vLLM on CPU uses 128; ``block_size`` sets it).
 - ``slowdown`` multiplies every step: a slow card (throttled, or on a bad link).
 
 The engine never reads a clock: ``schedule()`` returns a ``StepPlan`` with its duration, the caller
@@ -40,10 +45,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from taogate.dispatch.blocks import block_digests, wire
 from taogate.emulator.config import EmulatorConfig
-from taogate.emulator.kv_cache import BlockPool, block_hashes
+from taogate.emulator.kv_cache import BlockPool, block_stored
+from taogate.emulator.tokenizer import Tokenizer
 
 __all__ = [
     "Engine",
@@ -71,6 +78,7 @@ class EngineConfig:
     block_size: int
     num_kv_blocks: int
     enable_prefix_caching: bool
+    kv_events: bool = False
 
     @classmethod
     def from_emulator(cls, config: EmulatorConfig) -> EngineConfig:
@@ -84,6 +92,7 @@ class EngineConfig:
             block_size=config.block_size,
             num_kv_blocks=config.num_kv_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
+            kv_events=config.kv_events_endpoint is not None,
         )
 
     def step_duration(self, prefill_tokens: int, decode_tokens: int) -> float:
@@ -141,8 +150,10 @@ class _Seq:
     prompt: Sequence[int]
     max_tokens: int
     final_blocks: int
-    hashes: list[int] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)  # vLLM's chain over the full blocks so far
+    hashes: list[int] = field(default_factory=list)  # their wire values
     blocks: list[int] = field(default_factory=list)
+    registered: int = 0  # leading blocks in the prefix cache (hits included)
     num_computed: int = 0  # prompt tokens in the KV cache (cache hits included)
     num_cached: int = 0
     num_output: int = 0
@@ -159,7 +170,9 @@ class Engine:
         if config.max_num_seqs > config.max_num_batched_tokens:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs (one decode token each)")
         self.config = config
-        self.pool = BlockPool(config.num_kv_blocks, caching=config.enable_prefix_caching)
+        self.pool = BlockPool(
+            config.num_kv_blocks, caching=config.enable_prefix_caching, events=config.kv_events
+        )
         self._waiting: deque[_Seq] = deque()
         self._running: dict[str, _Seq] = {}  # insertion order = admission order
         self._reserved = 0  # blocks promised to running requests but not yet taken
@@ -199,8 +212,8 @@ class Engine:
         if request.max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         final = self.blocks_needed(len(request.prompt_token_ids), request.max_tokens)
-        if final > self.pool.num_blocks:
-            raise ValueError(f"request needs {final} KV blocks but the cache only has {self.pool.num_blocks}")
+        if final > self.pool.capacity:
+            raise ValueError(f"request needs {final} KV blocks but the cache only has {self.pool.capacity}")
         self._waiting.append(
             _Seq(request.request_id, request.prompt_token_ids, request.max_tokens, final_blocks=final)
         )
@@ -228,6 +241,10 @@ class Engine:
             if not seq.prefilling:
                 decode.append(seq.request_id)
         budget -= len(decode)
+        for rid in decode:
+            seq = self._running[rid]
+            self._grow(seq, len(seq.prompt) + seq.num_output + 1)
+            self._cache(seq, len(seq.prompt) + seq.num_output)
         for seq in self._running.values():
             if budget <= 0:
                 break
@@ -235,6 +252,8 @@ class Engine:
                 chunk = min(len(seq.prompt) - seq.num_computed, budget)
                 prefill.append((seq.request_id, chunk))
                 budget -= chunk
+                self._grow(seq, seq.num_computed + chunk)
+                self._cache(seq, seq.num_computed + chunk)
         while budget > 0 and self._waiting and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0]
             if not self._admit(seq):
@@ -244,14 +263,10 @@ class Engine:
             chunk = min(len(seq.prompt) - seq.num_computed, budget)
             prefill.append((seq.request_id, chunk))
             budget -= chunk
+            self._grow(seq, seq.num_computed + chunk)
+            self._cache(seq, seq.num_computed + chunk)  # a later admission in this step hits it
         if not decode and not prefill:
             return None
-        for rid, chunk in prefill:
-            seq = self._running[rid]
-            self._grow(seq, seq.num_computed + chunk + seq.num_output)
-        for rid in decode:
-            seq = self._running[rid]
-            self._grow(seq, len(seq.prompt) + seq.num_output + 1)
         duration = self.config.step_duration(sum(n for _, n in prefill), len(decode))
         return StepPlan(duration=duration, prefill=tuple(prefill), decode=tuple(decode))
 
@@ -262,9 +277,7 @@ class Engine:
             seq = self._running.get(rid)
             if seq is None:
                 continue  # aborted while the step ran
-            before = seq.num_computed
             seq.num_computed += chunk
-            self._publish(seq, before)
             if not seq.prefilling:
                 outputs.append(self._sample(seq))
         for rid in plan.decode:
@@ -272,6 +285,10 @@ class Engine:
             if seq is not None:
                 outputs.append(self._sample(seq))
         return outputs
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """vLLM's KV events for the blocks cached and evicted since the last call, in order."""
+        return self.pool.take_events()
 
     def step(self) -> tuple[StepPlan, list[SeqOutput]] | None:
         """``schedule`` then ``update`` at once: the virtual-time convenience for tests and simulations."""
@@ -287,8 +304,9 @@ class Engine:
         pool = self.pool
         hits: list[int] = []
         if pool.caching:
-            if not seq.hashes:
-                seq.hashes = block_hashes(seq.prompt, bs)
+            if not seq.digests:
+                seq.digests = block_digests(seq.prompt, bs)
+                seq.hashes = [wire(d) for d in seq.digests]
             # vLLM always recomputes at least the last prompt token (it needs its logits).
             hits = pool.lookup(seq.hashes, (len(seq.prompt) - 1) // bs)
         available = pool.num_free - pool.count_free_among(hits) - self._reserved
@@ -296,6 +314,7 @@ class Engine:
             return False
         pool.touch(hits)
         seq.blocks = hits
+        seq.registered = len(hits)
         seq.num_computed = seq.num_cached = len(hits) * bs
         self._reserved += seq.final_blocks - len(hits)
         if pool.caching:
@@ -309,12 +328,40 @@ class Engine:
             seq.blocks.extend(self.pool.allocate(need))
             self._reserved -= need
 
-    def _publish(self, seq: _Seq, before: int) -> None:
-        if not self.pool.caching:
+    def _tokens(self, seq: _Seq, start: int, end: int) -> list[int]:
+        """Token ids ``start:end`` of the request's prompt followed by its generated tokens."""
+        prompt = seq.prompt
+        n = len(prompt)
+        out = list(prompt[start:end]) if start < n else []
+        for i in range(max(start, n), end):
+            out.append(Tokenizer.generated_id(Tokenizer.generated_word(prompt, i - n)))
+        return out
+
+    def _cache(self, seq: _Seq, tokens: int) -> None:
+        """Cache the blocks that ``tokens`` tokens (scheduled now) fill, prompt or generated."""
+        pool = self.pool
+        if not pool.caching:
             return
         bs = self.config.block_size
-        for i in range(before // bs, min(seq.num_computed // bs, len(seq.hashes))):
-            self.pool.register(seq.blocks[i], seq.hashes[i])
+        full = min(tokens // bs, len(seq.blocks))
+        start = seq.registered
+        if full <= start:
+            return
+        if full > len(seq.digests):  # blocks of generated tokens: extend the chain
+            have = len(seq.digests)
+            more = block_digests(
+                self._tokens(seq, have * bs, full * bs), bs, seq.digests[-1] if seq.digests else None
+            )
+            seq.digests.extend(more)
+            seq.hashes.extend(wire(d) for d in more)
+        for i in range(start, full):
+            pool.register(seq.blocks[i], seq.hashes[i])
+        seq.registered = full
+        if pool.record_events:
+            parent = seq.hashes[start - 1] if start > 0 else None
+            pool.events.append(
+                block_stored(seq.hashes[start:full], parent, self._tokens(seq, start * bs, full * bs), bs)
+            )
 
     def _sample(self, seq: _Seq) -> SeqOutput:
         index: int | None = None

@@ -57,6 +57,7 @@ class _Exchange:
     send: Send
     record: RequestRecord
     headers: list[tuple[bytes, bytes]]
+    load_format: str | None = None  # endpoint-load-metrics-format asked for (non-stream answers)
 
     async def error(self, err: ApiError) -> None:
         self.record.status = err.status
@@ -106,6 +107,7 @@ async def handle_generation(
     inst: EmulatorInstance, scope: Scope, receive: Receive, send: Send, *, parser: Parser, kind: str
 ) -> None:
     ex = await _begin(inst, scope, receive, send, kind)
+    ex.load_format = header(scope, b"endpoint-load-metrics-format")
     try:
         body = await read_body(receive)
         if body is None:

@@ -19,6 +19,7 @@ from taogate.emulator.clock import Clock, SystemClock
 from taogate.emulator.config import EmulatorConfig, Faults
 from taogate.emulator.driver import EngineDriver, Tracked
 from taogate.emulator.engine import Engine, EngineConfig, SeqOutput
+from taogate.emulator.kv_events import KvEventPublisher
 from taogate.emulator.metrics import EmulatorMetrics, Finished
 from taogate.emulator.stats import RequestRecord, StatsBook
 from taogate.emulator.tokenizer import Tokenizer
@@ -38,11 +39,20 @@ class EmulatorInstance:
         self.created = int(time.time())
         self.engine = Engine(EngineConfig.from_emulator(config))
         self.metrics = EmulatorMetrics(config)
+        self.kv_events: KvEventPublisher | None = None
+        if config.kv_events_endpoint is not None and config.enable_prefix_caching:
+            self.kv_events = KvEventPublisher(
+                config.kv_events_endpoint, topic=config.kv_events_topic, replay=config.kv_events_replay
+            )
         self.tokenizer = Tokenizer()
         self.book = StatsBook(config.records_kept)
         self.rng = random.Random(config.seed)
         self.driver = EngineDriver(
-            self.engine, self.clock, extra_step_delay=self._spike, on_output=self._on_output
+            self.engine,
+            self.clock,
+            extra_step_delay=self._spike,
+            on_output=self._on_output,
+            on_events=self.kv_events.publish if self.kv_events is not None else None,
         )
         self._ids = itertools.count()
         self.closing = asyncio.Event()  # set on shutdown: wakes requests held by the ``hang`` fault
@@ -74,10 +84,18 @@ class EmulatorInstance:
         )
         return self.metrics.render()
 
+    def start(self) -> None:
+        """Background work that needs the running loop (the KV events' replay socket)."""
+        if self.kv_events is not None:
+            self.kv_events.start()
+
     async def aclose(self) -> None:
         """Release everything in flight (hung requests get a 503, engine requests are aborted)."""
         self.closing.set()
         await self.driver.aclose()
+        if self.kv_events is not None:
+            await self.kv_events.aclose()
+            self.kv_events = None
 
     # -- request lifecycle (used by the HTTP layer) ----------------------------------------------
 

@@ -1,52 +1,73 @@
-"""KV-cache blocks with vLLM-style automatic prefix caching.
+"""KV-cache blocks with automatic prefix caching, as vLLM v1's ``BlockPool`` keeps them.
 
-Model (after vLLM v1's ``BlockPool`` / ``KVCacheManager``):
-
-- The cache holds ``num_blocks`` blocks of ``block_size`` tokens. A running request holds the blocks
-  covering the tokens it has in the cache (prompt computed so far plus generated tokens).
-- With prefix caching on, each *full* prompt block is identified by a hash chain
-  ``h_i = hash((h_{i-1}, tokens of block i))``, so a block matches only if the whole prefix before it
-  matches too. A request's leading blocks found in the cache are shared (reference counted) and their
-  tokens skip prefill.
-- Freed blocks go to the tail of an LRU free queue but keep their hash: they stay hits until they are
-  reused for new data, which happens from the head (least recently freed first). A request frees its
-  blocks tail-first so its prefix outlives its suffix, as vLLM does. Blocks held by running requests
-  are never evicted.
-- Usage is ``1 - free/total`` where cached-but-unreferenced blocks count as free (vLLM's
-  ``kv_cache_usage_perc``).
-
-Only prompt blocks are cached (vLLM also caches full blocks of generated text; for a gateway's view of
-prefix reuse the prompt is what matters).
+- ``num_blocks`` blocks of ``block_size`` tokens; block 0 is vLLM's null block, never handed out, so
+  ``num_blocks - 1`` are usable and ``usage = 1 - free / (num_blocks - 1)``, where cached blocks that
+  no request references count as free (``kv_cache_usage_perc`` does not show what the cache holds).
+- A full block is named by vLLM's hash chain (``dispatch.blocks``): it matches only if the whole
+  prefix before it matches too. A hit takes a reference on the block; its tokens skip prefill.
+- Blocks are cached when they are *scheduled* (the engine registers them then), so a request admitted
+  later, even in the same step, hits them. Duplicates are kept: two requests that compute the same
+  block each register theirs, and evicting one leaves the other a hit.
+- Freeing, tail block first: hashed blocks go to the *tail* of the free queue (least recently used
+  at the head), unhashed ones to the *head* (reused first). New blocks come from the head, evicting
+  whatever hash they had: a prefix outlives its suffixes. Held blocks are never evicted.
+- With ``events`` on, every eviction appends vLLM's ``BlockRemoved`` (one per hash) to ``events``;
+  the engine appends ``BlockStored`` there as it registers, so the order is the order things happened.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["BlockPool", "block_hashes"]
+__all__ = ["BlockPool", "block_removed", "block_stored"]
+
+MEDIUM = "GPU"  # what vLLM's CPU build says too
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Hash chain over the full blocks of ``token_ids`` (a trailing partial block is not hashed)."""
-    hashes: list[int] = []
-    parent = 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start : start + block_size])))
-        hashes.append(parent)
-    return hashes
+def block_stored(
+    hashes: Sequence[int], parent: int | None, token_ids: Sequence[int], block_size: int
+) -> dict[str, Any]:
+    """vLLM's ``BlockStored`` as a map, keys in its order (a plain full-attention model, no LoRA)."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": list(hashes),
+        "parent_block_hash": parent,
+        "token_ids": list(token_ids),
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": MEDIUM,
+        "lora_name": None,
+        "extra_keys": [None] * len(hashes),
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+
+
+def block_removed(block_hash: int) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": MEDIUM, "group_idx": 0}
 
 
 class BlockPool:
-    """Fixed pool of KV blocks with reference counts, an LRU free queue and a hash → block map."""
+    """Fixed pool of KV blocks with reference counts, an LRU free queue and a hash → blocks map."""
 
-    def __init__(self, num_blocks: int, *, caching: bool) -> None:
+    def __init__(self, num_blocks: int, *, caching: bool, events: bool = False) -> None:
+        if num_blocks < 2:
+            raise ValueError("the KV cache needs at least 2 blocks (one is the null block)")
         self.num_blocks = num_blocks
         self.caching = caching
+        self.record_events = events and caching
+        self.events: list[dict[str, Any]] = []
         self._refs = [0] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._by_hash: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._by_hash: dict[int, dict[int, None]] = {}  # hash → the blocks holding it, oldest first
         self._hash_of: dict[int, int] = {}
+
+    @property
+    def capacity(self) -> int:
+        """Usable blocks: all but the null block."""
+        return self.num_blocks - 1
 
     @property
     def num_free(self) -> int:
@@ -55,22 +76,28 @@ class BlockPool:
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.capacity - len(self._free)
 
     @property
     def usage(self) -> float:
-        return self.num_used / self.num_blocks
+        return self.num_used / self.capacity
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks holding a hash (in use or free)."""
+        return len(self._hash_of)
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Blocks caching the longest prefix of ``hashes`` (at most ``max_blocks``); nothing is taken."""
         if not self.caching:
             return []
         found: list[int] = []
+        by_hash = self._by_hash
         for h in hashes[:max_blocks]:
-            block = self._by_hash.get(h)
-            if block is None:
+            blocks = by_hash.get(h)
+            if not blocks:
                 break
-            found.append(block)
+            found.append(next(iter(blocks)))
         return found
 
     def count_free_among(self, blocks: Sequence[int]) -> int:
@@ -85,7 +112,7 @@ class BlockPool:
             self._refs[block] += 1
 
     def allocate(self, count: int) -> list[int]:
-        """Take ``count`` fresh blocks from the LRU head, evicting whatever they cached.
+        """Take ``count`` fresh blocks from the head of the free queue, evicting what they cached.
 
         Callers check capacity first (the engine reserves blocks at admission), so running out is a bug.
         """
@@ -95,21 +122,34 @@ class BlockPool:
         for _ in range(count):
             block, _ = self._free.popitem(last=False)
             old = self._hash_of.pop(block, None)
-            if old is not None and self._by_hash.get(old) == block:
-                del self._by_hash[old]
+            if old is not None:
+                holders = self._by_hash[old]
+                del holders[block]
+                if not holders:
+                    del self._by_hash[old]
+                if self.record_events:
+                    self.events.append(block_removed(old))
             self._refs[block] = 1
             out.append(block)
         return out
 
     def register(self, block: int, block_hash: int) -> None:
-        """Publish a just-filled prompt block under its hash (first writer wins, as in vLLM)."""
-        if self.caching and block_hash not in self._by_hash and block not in self._hash_of:
-            self._by_hash[block_hash] = block
+        """Cache a just-scheduled full block under its hash (duplicates too, as vLLM does)."""
+        if self.caching and block not in self._hash_of:
+            self._by_hash.setdefault(block_hash, {})[block] = None
             self._hash_of[block] = block_hash
 
     def free(self, blocks: Sequence[int]) -> None:
-        """Drop one reference on each block, tail first so prefixes are evicted last."""
+        """Drop one reference on each block, tail first: hashed blocks to the tail of the free
+        queue (a prefix is then evicted after its suffixes), unhashed ones to the head."""
+        free = self._free
         for block in reversed(blocks):
             self._refs[block] -= 1
             if self._refs[block] == 0:
-                self._free[block] = None
+                free[block] = None
+                if block not in self._hash_of:
+                    free.move_to_end(block, last=False)
+
+    def take_events(self) -> list[dict[str, Any]]:
+        out, self.events = self.events, []
+        return out

@@ -81,7 +81,7 @@ def _cache_labels(config: EmulatorConfig) -> dict[str, str]:
         "mamba_ssm_cache_dtype": "float32",
         "num_cpu_blocks": "None",
         "num_gpu_blocks": str(blocks),
-        "num_gpu_blocks_override": "None",
+        "num_gpu_blocks_override": str(config.num_gpu_blocks_override),
         "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256",
         "prefix_match_unit": "None",

@@ -111,6 +111,7 @@ class Dispatcher:
         if isinstance(decision, Send):
             inst = self.fleet.get(decision.instance)
             trial = inst.breaker.on_dispatch(now)
+            ticket = inst.cache.dispatched(facts) if self.fleet.caching and inst.cache.caching else None
             lease = Lease(
                 inst,
                 facts.prompt_tokens,
@@ -119,6 +120,8 @@ class Dispatcher:
                 sent_at=now,
                 stream=facts.stream,
                 max_tokens=facts.max_tokens,
+                work=decision.work,
+                ticket=ticket,
             )
             return lease, decision
         return decision
@@ -200,6 +203,8 @@ class Dispatcher:
     # -- slots freeing up ------------------------------------------------------------------------
     def _released(self, lease: Lease) -> None:
         self._drain.tick(self._clock())
+        if lease.ticket is not None:
+            lease.instance.cache.finished(lease.ticket, lease.cached)
         if self._waiters:
             self.pump()
 

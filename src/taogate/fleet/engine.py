@@ -30,7 +30,6 @@ exception: an instance that is still loading, or an older vLLM, must not break t
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from taogate.dispatch.types import EngineStats
 
 __all__ = [
+    "CacheConfig",
     "EngineSample",
     "EngineWindow",
     "ScrapeError",
@@ -47,7 +47,6 @@ __all__ = [
     "engine_window",
     "hit_rate",
     "is_stale",
-    "parse_load_metrics",
     "parse_vllm_metrics",
     "stale_after",
 ]
@@ -70,6 +69,7 @@ PHASES = {
     "request_prompt_tokens": "vllm:request_prompt_tokens_sum",
     "request_generation_tokens": "vllm:request_generation_tokens_sum",
 }
+CACHE_CONFIG = "vllm:cache_config_info"
 
 _WANTED = frozenset(
     {
@@ -80,6 +80,7 @@ _WANTED = frozenset(
         REQUEST_SUCCESS,
         FINISHED,
         *PHASES.values(),
+        CACHE_CONFIG,
         *KV_USAGE,
         *PREFIX_QUERIES,
         *PREFIX_HITS,
@@ -117,6 +118,31 @@ class ScrapeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The KV cache's shape, from ``vllm:cache_config_info``'s labels (summed over its engines)."""
+
+    num_gpu_blocks: int  # the null block included: one fewer is usable
+    block_size: int
+    prefix_caching: bool
+    hash_algo: str | None = None
+
+    @property
+    def usable_blocks(self) -> int:
+        return max(0, self.num_gpu_blocks - 1)
+
+
+def _cache_config(labels: dict[str, str]) -> CacheConfig | None:
+    try:
+        blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None  # "None" before the engine has sized its cache
+    if blocks <= 0 or size <= 0:
+        return None
+    caching = labels.get("enable_prefix_caching", "True").lower() == "true"
+    return CacheConfig(blocks, size, caching, labels.get("prefix_caching_hash_algo"))
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSample:
     """One scrape of one instance, summed over its engines (data-parallel ranks).
 
@@ -140,6 +166,7 @@ class EngineSample:
     request_prompt_tokens: float | None = None  # Σ prompt tokens, cache hits included
     request_generation_tokens: float | None = None  # Σ output tokens
     engines: int = 0  # distinct engine label values seen (1 when unlabelled)
+    cache_config: CacheConfig | None = None  # None: not exposed (older vLLM, other servers)
 
     @property
     def has_load(self) -> bool:
@@ -158,6 +185,7 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
     sums: dict[str, float] = {}
     kv: dict[str, list[float]] = {}
     engines: set[str] = set()
+    configs: dict[str, CacheConfig] = {}
     # Parse only the lines of the wanted metrics: a real vLLM page is mostly histogram buckets we
     # ignore, and the full parse costs milliseconds per scrape per instance (measured:
     # benchmarks/README.md).
@@ -175,6 +203,11 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
                     continue
                 labels = sample.labels
                 if model is not None and labels.get("model_name", model) != model:
+                    continue
+                if name == CACHE_CONFIG:  # an info gauge: the labels are the data (no model_name)
+                    found = _cache_config(labels)
+                    if found is not None:
+                        configs[labels.get("engine", "")] = found
                     continue
                 value = float(sample.value)
                 if not math.isfinite(value):
@@ -200,7 +233,17 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
         finished=sums.get(FINISHED),
         engines=len(engines),
         **{field: sums.get(name) for field, name in PHASES.items()},
+        cache_config=_merge_configs(list(configs.values())),
     )
+
+
+def _merge_configs(configs: list[CacheConfig]) -> CacheConfig | None:
+    """One instance's cache over its data-parallel engines: their blocks summed."""
+    if not configs:
+        return None
+    first = configs[0]
+    blocks = sum(c.num_gpu_blocks for c in configs)
+    return CacheConfig(blocks, first.block_size, first.prefix_caching, first.hash_algo)
 
 
 def _first(values: dict[str, float], names: Iterable[str]) -> float | None:
@@ -293,27 +336,6 @@ def engine_window(prev: EngineSample, cur: EngineSample) -> EngineWindow | None:
         prompt_tokens=None if prompt is None else max(0.0, prompt) / n,
         decode_seconds_per_token=pace,
     )
-
-
-def parse_load_metrics(value: str) -> tuple[float | None, float | None] | None:
-    """(num_requests_waiting, kv_cache_usage_perc) from vLLM's ``endpoint-load-metrics`` header
-    (``JSON {"named_metrics": {...}}`` or ``TEXT named_metrics.k=v, ...``), or None if unreadable."""
-    kind, _, rest = value.strip().partition(" ")
-    named: dict[str, float] = {}
-    try:
-        if kind == "JSON":
-            data = json.loads(rest).get("named_metrics", {})
-            named = {str(k): float(v) for k, v in data.items()}
-        elif kind == "TEXT":
-            for part in rest.split(","):
-                key, _, number = part.strip().partition("=")
-                if key.startswith("named_metrics."):
-                    named[key.removeprefix("named_metrics.")] = float(number)
-        else:
-            return None
-    except (ValueError, TypeError, AttributeError):
-        return None
-    return named.get("num_requests_waiting"), named.get("kv_cache_usage_perc")
 
 
 def stale_after(interval: float) -> float:

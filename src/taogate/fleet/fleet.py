@@ -46,6 +46,8 @@ def specs_from_settings(settings: Settings, environ: Mapping[str, str] | None = 
             cap=item.max_queue or settings.dispatch.max_queue_per_instance,
             overflow=overflow,
             priority=item.scheduling_policy == "priority",
+            kv_events=item.kv_events,
+            kv_events_replay=item.kv_events_replay,
         )
 
     out = [spec(i, False) for i in settings.instances]
@@ -62,6 +64,11 @@ class Fleet:
         self._settings = settings
         self.slow: frozenset[str] = frozenset()  # flagged by the slow-instance detector
         self.models: frozenset[str] = frozenset()  # served by some instance (bounds metric labels)
+
+    @property
+    def caching(self) -> bool:
+        """Prefix affinity is on: instances' caches are modelled and shown to dispatch."""
+        return self._settings.dispatch.prefix_affinity
 
     @property
     def health_interval(self) -> float:
@@ -139,13 +146,16 @@ class Fleet:
         params = speeds.params
         uncached = speeds.uncached_ratio
         stale = stale_after(self._settings.dispatch.scrape_interval)
+        cache = self.caching
         out = []
         for inst in self._instances.values():
             name = inst.spec.name
             speed, base, tpot = params(name)
             if inst.pending:
                 speed = min(speed, inst.speed_bound(now, tpot, base))
-            view = inst.view(now, speed, stale, base_latency=base, tpot=tpot, uncached_ratio=uncached(name))
+            view = inst.view(
+                now, speed, stale, base_latency=base, tpot=tpot, uncached_ratio=uncached(name), cache=cache
+            )
             out.append(view)
         return out
 

@@ -15,8 +15,10 @@ from urllib.parse import urlsplit
 from taogate.dispatch.pending import Pending, speed_bound
 from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.fleet.breaker import Breaker
+from taogate.fleet.cache_state import InstanceCache
 from taogate.fleet.engine import EngineSample, engine_stats
 from taogate.fleet.health import HealthState, HealthTracker
+from taogate.fleet.load_report import parse_load_report
 from taogate.fleet.window import RollingWindow
 
 
@@ -51,6 +53,8 @@ class InstanceSpec:
     cap: int = 32
     overflow: bool = False
     priority: bool = False  # started with --scheduling-policy priority: it is told each request's class
+    kv_events: str | None = None  # its KV-events endpoint (precise prefix-cache dispatch)
+    kv_events_replay: str | None = None
 
     @property
     def host(self) -> str:
@@ -80,11 +84,15 @@ class Instance:
         self.inflight = 0
         self.prefilling = 0
         self.prefill_tokens = 0
+        self.prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
+        self.cache = InstanceCache()  # its prefix cache: modelled, and indexed from KV events if any
         self.pending: dict[PendingRequest, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
         self._engine_stats: EngineStats | None = None  # what dispatch may use of the last scrape
         self.engine_at = 0.0  # monotonic time of the last good scrape
+        self._stats_at = 0.0  # when the freshest part of _engine_stats was seen (scrape or load report)
+        self._stale_after = 3.0  # the staleness rule dispatch last applied (seconds)
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
         self.scrape_began: float | None = None  # a scrape is in flight since then
         self.scrape_seconds: float | None = None  # how long the last good scrape took
@@ -118,11 +126,34 @@ class Instance:
         self.engine = sample
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
+        self._stats_at = now
+        self.cache.configure(sample.cache_config)
+        prev = self.engine_prev
+        if prev is not None and prev.prefix_hits is not None and sample.prefix_hits is not None:
+            gained = sample.prefix_hits - prev.prefix_hits
+            self.cache.counters(gained if gained >= 0 else sample.prefix_hits)  # < 0: it restarted
 
-    def engine_stats(self, now: float, stale_after_s: float = 2.0) -> EngineStats | None:
-        """The last scrape's stats while younger than ``stale_after_s``, else None."""
+    def record_load_report(self, value: str | None, now: float) -> None:
+        """A non-streaming answer's ``endpoint-load-metrics``: the engine's waiting requests and KV
+        usage as that request ended, fresher than the last scrape. The running count (the header
+        has none) stays the scrape's while that is fresh."""
+        report = parse_load_report(value)
+        if report is None:
+            return
+        base = self._engine_stats
+        if base is not None and now - self.engine_at > self._stale_after:
+            base = None
+        waiting = report.waiting if report.waiting is not None else base.waiting if base else 0.0
+        kv = report.kv_usage if report.kv_usage is not None else base.kv_usage if base else None
+        running = base.running if base is not None else 0.0
+        hit_rate = base.prefix_hit_rate if base is not None else None
+        self._engine_stats = EngineStats(waiting, running, kv, hit_rate, 0.0)
+        self._stats_at = now
+
+    def engine_stats(self, now: float) -> EngineStats | None:
+        """The engine's stats (scrape or load report) while dispatch's staleness rule trusts them."""
         stats = self._engine_stats
-        return stats if stats is not None and now - self.engine_at <= stale_after_s else None
+        return stats if stats is not None and now - self._stats_at <= self._stale_after else None
 
     def scrape_duration(self, now: float) -> float | None:
         """The last scrape's duration, or the one in flight's so far if that is longer."""
@@ -165,14 +196,18 @@ class Instance:
         base_latency: float = 0.0,
         tpot: float = 0.0,
         uncached_ratio: float = 1.0,
+        cache: bool = False,
     ) -> InstanceView:
         """This instance as dispatch sees it now; the last scrape counts while younger than
-        ``stale_after_s`` (its EngineStats is built once per scrape, not per view)."""
+        ``stale_after_s`` (its EngineStats is built once per scrape, not per view). With ``cache``
+        (prefix affinity on) the view carries the instance's cache and the work booked there."""
         stats = self._engine_stats
-        engine = stats if stats is not None and now - self.engine_at <= stale_after_s else None
+        self._stale_after = stale_after_s
+        engine = stats if stats is not None and now - self._stats_at <= stale_after_s else None
         spec = self.spec
         inflight = self.inflight
         prefilling = self.prefilling
+        cache = cache and self.cache.caching
         # Positional, in InstanceView's field order (a test pins it): a dispatch builds one view per
         # instance, and keyword arguments cost far more (measured: benchmarks/overhead.py).
         return InstanceView(
@@ -191,4 +226,6 @@ class Instance:
             uncached_ratio,
             engine,
             spec.overflow,
+            self.cache if cache else None,
+            self.prefill_work if cache else None,
         )

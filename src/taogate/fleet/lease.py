@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from taogate.dispatch.cache_model import Ticket
 from taogate.fleet.instance import Instance
 
 __all__ = ["Lease"]
@@ -22,7 +23,9 @@ class Lease:
 
     ``tokens`` is the prefill work booked for this request (its estimated prompt); ``ahead_tokens``
     the work booked ahead of it at dispatch; ``sent_at`` the dispatcher's clock then; ``stream`` and
-    ``max_tokens`` say how its first token will be seen (see ``Instance.waiting``).
+    ``max_tokens`` say how its first token will be seen (see ``Instance.waiting``). ``work`` is the
+    prefill expected there (the prompt less its expected cache hit), ``ticket`` what the instance's
+    cache model recorded for it (taken out again at release).
     """
 
     __slots__ = (
@@ -30,12 +33,15 @@ class Lease:
         "_on_release",
         "_released",
         "ahead_tokens",
+        "cached",
         "instance",
         "max_tokens",
         "sent_at",
         "stream",
+        "ticket",
         "tokens",
         "trial",
+        "work",
     )
 
     def __init__(
@@ -48,9 +54,14 @@ class Lease:
         sent_at: float = 0.0,
         stream: bool = True,
         max_tokens: int | None = None,
+        work: int | None = None,
+        ticket: Ticket | None = None,
     ) -> None:
         self.instance = instance
         self.tokens = tokens
+        self.work = tokens if work is None else work
+        self.ticket = ticket
+        self.cached: int | None = None  # prompt tokens the engine served from its cache (its usage)
         self.trial = trial  # this attempt is the breaker's half-open trial
         self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
         self.sent_at = sent_at
@@ -62,6 +73,7 @@ class Lease:
         instance.inflight += 1
         instance.prefilling += 1
         instance.prefill_tokens += tokens
+        instance.prefill_work += self.work
         instance.pending[self] = None
 
     @property
@@ -75,6 +87,7 @@ class Lease:
         self._first = True
         self.instance.prefilling -= 1
         self.instance.prefill_tokens -= self.tokens
+        self.instance.prefill_work -= self.work
         self.instance.pending.pop(self, None)
 
     def release(self) -> None:
@@ -85,6 +98,7 @@ class Lease:
         if not self._first:
             inst.prefilling -= 1
             inst.prefill_tokens -= self.tokens
+            inst.prefill_work -= self.work
             inst.pending.pop(self, None)
         inst.inflight -= 1
         if self.trial:

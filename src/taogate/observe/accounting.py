@@ -52,6 +52,7 @@ class Accounting:
     def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
         """Calibrate the token estimate and the instance's speed from a successful response."""
         prompt, completion, cached = rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens
+        lease.cached = cached  # what the engine found cached, for the instance's cache model
         model = facts.model
         if prompt is not None and model is not None:
             now = self.clock()

@@ -14,6 +14,7 @@ from typing import Any
 
 from taogate.errors import NotFound
 from taogate.fleet.instance import Instance, InstanceSpec
+from taogate.fleet.load_report import REQUEST_HEADER as LOAD_REPORT
 from taogate.proxy.intake import Incoming
 from taogate.proxy.multipart import StreamedBody
 from taogate.proxy.priority import VLLM_HEADER
@@ -111,6 +112,8 @@ def plan(
     """The request's upstream side, and the instances it must not go to (all but the one that holds
     the stored response it is about, when there is one)."""
     path = upstream_path(route, scope["path"], prefix, scope.get("query_string", b""))
+    if route.generates and not incoming.facts.stream and not any(k == LOAD_REPORT[0] for k, _ in headers):
+        headers = [*headers, LOAD_REPORT]  # the engine's load with the answer, fresher than a scrape
     body: bytes | StreamedBody = incoming.body
     if incoming.upload is not None:
         body = incoming.upload

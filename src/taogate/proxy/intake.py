@@ -15,6 +15,7 @@ import orjson
 from starlette.types import Receive
 
 from taogate.dispatch.prefix import shared_prefix
+from taogate.dispatch.token_ids import PromptTokenizer
 from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
@@ -168,11 +169,19 @@ class Incoming:
 class Intake:
     """Reads a request's body and facts under the settings in force (``configure`` on reload)."""
 
-    def __init__(self, settings: Settings, tokens: TokenEstimator, exact: ExactCounter | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tokens: TokenEstimator,
+        exact: ExactCounter | None,
+        *,
+        blocks: PromptTokenizer | None = None,
+    ) -> None:
         self._settings = settings
         self.tokens = tokens
         self._exact = exact
         self._deadlines = Deadlines()  # the body reads'
+        self._blocks = blocks  # precise prefix-cache dispatch: the request's own token ids
 
     def configure(self, settings: Settings) -> None:
         self._settings = settings
@@ -199,6 +208,8 @@ class Intake:
         facts, size = request_facts(
             route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact, priority=priority
         )
+        if self._blocks is not None and facts.prefix_key is not None:  # precise mode's hook
+            facts.blocks = self._blocks.blocks(route.kind, payload)  # vLLM's block hashes of the prompt
         return Incoming(body, model, facts, size, self._tag(headers, facts.long), payload, tell)
 
     @staticmethod

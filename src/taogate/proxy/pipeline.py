@@ -30,6 +30,7 @@ from taogate.errors import ErrorShape, GatewayError, NoInstance, UpstreamError
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
+from taogate.fleet.load_report import RESPONSE_HEADER as LOAD_REPORT_RESPONSE
 from taogate.observe.access_log import RequestRecord
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import DroppedResponses
@@ -384,6 +385,7 @@ class Pipeline:
             self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         lease.first_token()
+        inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), self.clock())  # load-report hook
         ex.rec.ttfb = self.clock() - sent_at
         headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
         ex.started = True

@@ -1,0 +1,208 @@
+"""What one instance's prefix cache probably holds, without seeing it: a bounded LRU of what we sent.
+
+vLLM keeps ``num_gpu_blocks - 1`` blocks (``vllm:cache_config_info``); a block stays a hit after
+its request ends until the LRU reuses it, and blocks of running requests are never evicted. The
+model replays that at the gateway, by prefix key and token volume:
+
+* ``dispatched``: a request with prefix key ``k`` occupies its prefix (``k``'s entry, reusable)
+  and the rest of its prompt and output (an anonymous entry, never a hit), both pinned while it
+  runs. Entries are whole blocks; the least recently used unpinned ones are evicted while the
+  total passes the capacity, so at most ``capacity`` blocks are modelled (memory is bounded by
+  the instance's own cache, never by traffic).
+* ``finished``: vLLM frees a request's blocks tail first to the fresh end of its LRU: the
+  anonymous part, then the prefix, move to the most recent end, unpinned.
+* ``expected_hit``: a key we sent here is a hit from the moment it was sent, not from its first
+  token: vLLM caches blocks when it *schedules* them, and a request queued behind the first
+  prefill of its prefix on the same instance is admitted after it (FIFO) and hits. Across
+  instances nothing is shared, and a key never sent here is no hit. At most ``(prompt - 1) //
+  block_size`` blocks hit (vLLM recomputes the last token), scaled by ``trust``.
+* ``trust``: how much of what the model predicted the engine really hit, an EWMA of actual over
+  predicted hit tokens, from each answer's ``cached_tokens`` when vLLM reports it, else from the
+  instance's ``vllm:prefix_cache_hits`` counter against the predictions made since the last scrape.
+  Another replica's traffic, a restart or a wrong capacity lower it; it recovers as hits come back.
+* ``eviction_cost``: the reused prefix tokens a miss here would push out of a full cache, which a
+  later request would have to prefill again: what spreading a hot prefix costs on a tight cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["DEFAULT_BLOCKS", "PrefixCacheModel", "Ticket"]
+
+#: Capacity assumed until the instance says (262,144 tokens in blocks of 16).
+DEFAULT_BLOCKS: Final = 16_384
+_TRUST_ALPHA: Final = 0.3
+_MIN_TRUST: Final = 0.1
+
+
+@dataclass(slots=True)
+class _Entry:
+    blocks: int
+    reusable: bool  # a prefix key's blocks (a later request may hit them), or an anonymous remainder
+    pinned: int = 0  # our requests using it now
+    uses: int = 0  # dispatches that used it
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What one dispatch put into the model, to take it out again when the request ends."""
+
+    key: int | None
+    anon: int
+    predicted: int  # hit tokens predicted at dispatch (before trust)
+
+
+class PrefixCacheModel:
+    """One instance's modelled prefix cache. Not thread-safe; the gateway's event loop owns it."""
+
+    def __init__(self, capacity_blocks: int = DEFAULT_BLOCKS, block_size: int = 16) -> None:
+        self.capacity = max(1, capacity_blocks)
+        self.block_size = max(1, block_size)
+        self.trust = 1.0
+        self.used = 0  # blocks modelled
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # keys ≥ 0; anonymous ones < 0
+        self._anon = itertools.count(1)
+        self._predicted = 0  # hit tokens predicted since the last counter observation
+        self._exact = False  # answers carry cached_tokens: the counters are not needed
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def configure(self, capacity_blocks: int, block_size: int) -> None:
+        """The instance's real cache (from ``vllm:cache_config_info``); a change starts afresh."""
+        capacity_blocks, block_size = max(1, capacity_blocks), max(1, block_size)
+        if (capacity_blocks, block_size) == (self.capacity, self.block_size):
+            return
+        if block_size != self.block_size:
+            self._entries.clear()
+            self.used = 0
+        self.capacity, self.block_size = capacity_blocks, block_size
+        self._evict(0)
+
+    # -- reads: what dispatch asks ------------------------------------------------------------
+    def max_hit(self, prefix_tokens: int, prompt_tokens: int) -> int:
+        """Tokens of a prompt that a cached prefix of ``prefix_tokens`` can save (whole blocks)."""
+        bs = self.block_size
+        return min(max(0, prefix_tokens), max(0, prompt_tokens - 1)) // bs * bs
+
+    def holds(self, key: int) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.reusable
+
+    def expected_hit(self, key: int | None, prefix_tokens: int, prompt_tokens: int) -> float:
+        """Prefill tokens a request with this prefix is expected to skip here."""
+        if key is None or not self.holds(key):
+            return 0.0
+        return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
+
+    def pinned_hit(self, key: int | None, prefix_tokens: int, prompt_tokens: int) -> float:
+        """``expected_hit`` for a key one of our requests is using here right now (sent, not done)."""
+        entry = self._entries.get(key) if key is not None else None
+        if entry is None or not entry.reusable or not entry.pinned:
+            return 0.0
+        return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
+
+    def inflight(self, key: int) -> int:
+        entry = self._entries.get(key)
+        return entry.pinned if entry is not None and entry.reusable else 0
+
+    def eviction_cost(self, tokens: int) -> float:
+        """Reused prefix tokens that ``tokens`` more tokens would evict (oldest first), times trust."""
+        need = self.used + self._blocks(tokens) - self.capacity
+        if need <= 0:
+            return 0.0
+        lost = 0
+        for entry in self._entries.values():
+            if need <= 0:
+                break
+            if entry.pinned:
+                continue
+            need -= entry.blocks
+            if entry.reusable and entry.uses > 1:
+                lost += entry.blocks
+        return lost * self.block_size * self.trust
+
+    # -- writes: what the gateway tells it ----------------------------------------------------
+    def dispatched(
+        self, key: int | None, prefix_tokens: int, prompt_tokens: int, output_tokens: int
+    ) -> Ticket:
+        """A request sent here: its prefix and the rest now occupy the cache, pinned while it runs."""
+        predicted = self.max_hit(prefix_tokens, prompt_tokens) if key is not None and self.holds(key) else 0
+        self._predicted += predicted
+        prefix_blocks = self._blocks(prefix_tokens) if key is not None else 0
+        rest = self._blocks(max(0, prompt_tokens - prefix_tokens) + max(0, output_tokens))
+        anon = -next(self._anon)
+        if rest:
+            self._insert(anon, _Entry(rest, False, pinned=1, uses=1))
+        if key is not None:
+            entry = self._entries.pop(key, None)
+            if entry is None or not entry.reusable:
+                entry = _Entry(prefix_blocks, True)
+                self.used += prefix_blocks
+            elif prefix_blocks > entry.blocks:  # a longer estimate of the same prefix
+                self.used += prefix_blocks - entry.blocks
+                entry.blocks = prefix_blocks
+            entry.pinned += 1
+            entry.uses += 1
+            self._entries[key] = entry
+        self._evict(0)
+        return Ticket(key, anon, predicted)
+
+    def finished(self, ticket: Ticket) -> None:
+        """The request ended: its blocks are freed to the fresh end of the LRU, tail first."""
+        for name in (ticket.anon, ticket.key):
+            if name is None:
+                continue
+            entry = self._entries.get(name)
+            if entry is None:
+                continue
+            entry.pinned = max(0, entry.pinned - 1)
+            self._entries.move_to_end(name)
+        self._evict(0)
+
+    def observe_cached(self, ticket: Ticket, cached_tokens: int) -> None:
+        """The engine said how many prompt tokens this request found cached (exact evidence)."""
+        self._exact = True
+        if ticket.predicted > 0:  # the prediction rests on estimated token counts: a few % off
+            self._learn(cached_tokens / (0.95 * ticket.predicted))
+        elif cached_tokens > 0 and self.trust < 1.0:  # a hit we did not predict: the cache holds more
+            self._learn(1.0)
+
+    def observe_counters(self, hit_tokens: float) -> None:
+        """Hit tokens the instance's counter gained since the last scrape (used without exact answers)."""
+        predicted, self._predicted = self._predicted, 0
+        if self._exact or predicted < self.block_size:
+            return
+        self._learn(hit_tokens / (0.95 * predicted))
+
+    # -- internals ------------------------------------------------------------------------------
+    def _learn(self, ratio: float) -> None:
+        ratio = min(1.0, max(0.0, ratio))
+        self.trust = max(_MIN_TRUST, self.trust + _TRUST_ALPHA * (ratio - self.trust))
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-max(0, tokens) // self.block_size)
+
+    def _insert(self, name: int, entry: _Entry) -> None:
+        self._entries[name] = entry
+        self.used += entry.blocks
+
+    def _evict(self, extra: int) -> None:
+        """Drop least recently used unpinned entries until the model fits the instance's cache
+        (pinned ones stay, as vLLM never evicts a running request's blocks) and never holds more
+        entries than the cache has blocks."""
+        entries = self._entries
+        if self.used + extra <= self.capacity and len(entries) <= self.capacity:
+            return
+        for name in list(entries):
+            if self.used + extra <= self.capacity and len(entries) <= self.capacity:
+                return
+            entry = entries[name]
+            if entry.pinned:
+                continue
+            del entries[name]
+            self.used -= entry.blocks

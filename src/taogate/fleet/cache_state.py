@@ -1,0 +1,98 @@
+"""One instance's prefix cache as dispatch sees it: the modelled LRU, and the KV-event index if any.
+
+``hit(req)``, the prompt tokens a request is expected to find cached there:
+
+* precise (the instance publishes KV events and the request's token ids are known): its longest
+  run of leading blocks in the index, times the block size. While the index is not trusted (just
+  subscribed, or after lost events) it only under-reports, so the modelled hit is the floor. Our
+  own requests sent there and not answered are hits too (``pinned_hit``): the engine caches their
+  blocks when it schedules them, and their events arrive a step later.
+* approximate: the model's ``expected_hit`` (``dispatch.cache_model``).
+* no cache at all when the instance says its prefix caching is off (``caching``): dispatch then
+  works there as with affinity off.
+
+It also takes what the engine says back: its cache's shape from ``vllm:cache_config_info``, the
+hit counter between scrapes, and each answer's ``cached_tokens``.
+"""
+
+from __future__ import annotations
+
+from taogate.dispatch.cache_model import PrefixCacheModel, Ticket
+from taogate.dispatch.types import RequestFacts
+from taogate.fleet.engine import CacheConfig
+from taogate.fleet.kv_index import KvIndex
+
+__all__ = ["InstanceCache"]
+
+
+class InstanceCache:
+    """The ``CacheView`` of one instance, and the place its cache evidence arrives."""
+
+    def __init__(self) -> None:
+        self.model = PrefixCacheModel()
+        self.index: KvIndex | None = None  # set when the instance publishes KV events
+        self.config: CacheConfig | None = None
+
+    @property
+    def caching(self) -> bool:
+        """False when the instance says its prefix caching is off (then dispatch sees no cache)."""
+        return self.config is None or self.config.prefix_caching
+
+    # -- CacheView -------------------------------------------------------------------------------
+    def hit(self, req: RequestFacts) -> float:
+        model = self.model
+        key, prefix, prompt = req.prefix_key, req.prefix_tokens, req.prompt_tokens
+        index = self.index
+        blocks = req.blocks
+        if index is None or blocks is None or index.matches is False:
+            return model.expected_hit(key, prefix, prompt)
+        bs = index.block_size
+        precise = float(index.cached_run(blocks.hashes(bs)) * bs)
+        floor = (
+            model.pinned_hit(key, prefix, prompt)
+            if index.trusted
+            else model.expected_hit(key, prefix, prompt)
+        )
+        return max(precise, floor)
+
+    def eviction_cost(self, tokens: int) -> float:
+        return self.model.eviction_cost(tokens)
+
+    def inflight(self, key: int) -> int:
+        return self.model.inflight(key)
+
+    # -- evidence ----------------------------------------------------------------------------------
+    def configure(self, config: CacheConfig | None) -> None:
+        """The instance's cache shape from its latest scrape (None: not exposed, keep the defaults)."""
+        if config is None or config == self.config:
+            return
+        self.config = config
+        self.model.configure(config.usable_blocks, config.block_size)
+        if self.index is not None:
+            self.index.configure(config.usable_blocks, config.block_size)
+
+    def enable_index(self) -> KvIndex:
+        """Start indexing KV events (the subscriber feeds it)."""
+        if self.index is None:
+            config = self.config
+            capacity = config.usable_blocks if config else self.model.capacity
+            self.index = KvIndex(capacity, config.block_size if config else self.model.block_size)
+        return self.index
+
+    def dispatched(self, req: RequestFacts) -> Ticket:
+        out = req.max_tokens if req.max_tokens is not None else 16
+        key = req.prefix_key
+        return self.model.dispatched(key, req.prefix_tokens if key is not None else 0, req.prompt_tokens, out)
+
+    def finished(self, ticket: Ticket, cached: int | None = None) -> None:
+        """The request ended; with ``cached``, the prompt tokens the engine found in its cache."""
+        if cached is not None:
+            self.model.observe_cached(ticket, cached)
+        self.model.finished(ticket)
+
+    def counters(self, hit_tokens: float) -> None:
+        self.model.observe_counters(hit_tokens)
+
+    def sizes(self) -> tuple[int, int]:
+        """(modelled entries, indexed blocks): what this instance's cache state costs in memory."""
+        return len(self.model), len(self.index) if self.index is not None else 0

@@ -1,0 +1,177 @@
+"""The blocks one instance really holds, from its KV-cache events (precise mode).
+
+vLLM publishes ``BlockStored`` when it *schedules* full blocks (prompt or generated) and
+``BlockRemoved`` only when it evicts one; the same hash may be stored twice (two physical blocks)
+and is then removed twice, so the index counts references per hash. Keys are vLLM's wire hashes
+(``dispatch.blocks``), so a request's own token ids, hashed the same way, are looked up directly:
+its hit is the longest run of its leading blocks present (``cached_run``), as vLLM's lookup stops
+at the first miss.
+
+Bounded: at most ``capacity`` hashes (the instance's usable blocks); past it, because removals
+were lost, the entries stored longest ago go first.
+
+Trust. Batches carry a sequence number from 0 per engine start. One that goes down is a restart
+(the engine's cache is empty: start over). One that skips lost batches: the index may hold blocks
+that are gone and lack ones that are there, so it is ``trusted`` no longer; dispatch then uses
+the approximate model until a replay fills the gap, or, after starting over, until the engine has
+stored as many blocks as it holds (a full turnover: everything it holds was seen since).
+The first stored root block is checked against our own hash of its tokens: a server with another
+hash function or seed never matches a request's hashes, and precise mode is off for it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+from taogate.dispatch.blocks import block_hashes
+
+__all__ = ["KvIndex", "Outcome"]
+
+_LOW64: Final = (1 << 64) - 1
+
+Outcome = Literal["ok", "gap", "restart", "stale"]
+
+
+def _wire(value: object) -> int | None:
+    """A block hash as published: a uint64, or (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) 32 bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value & _LOW64
+    if isinstance(value, bytes):
+        return int.from_bytes(value, "big") & _LOW64
+    return None
+
+
+class KvIndex:
+    """One instance's blocks, by vLLM hash, with reference counts. Owned by the event loop."""
+
+    def __init__(self, capacity: int, block_size: int) -> None:
+        self.capacity = max(1, capacity)
+        self.block_size = max(1, block_size)
+        self._refs: OrderedDict[int, int] = OrderedDict()
+        self.next_seq: int | None = None  # the sequence number expected next
+        self.trusted = False  # complete as far as we know: dispatch may use it
+        self.matches: bool | None = None  # our hashes are the engine's (None: not checked yet)
+        self._seen_since_clear = 0  # blocks stored since the last start-over
+        self._was_trusted = False  # before the last gap
+        self.gaps = 0
+        self.restarts = 0
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    @property
+    def usable(self) -> bool:
+        return self.trusted and self.matches is not False
+
+    def configure(self, capacity: int, block_size: int) -> None:
+        if block_size != self.block_size:
+            self.clear()
+        self.capacity, self.block_size = max(1, capacity), max(1, block_size)
+        self._trim()
+
+    def clear(self) -> None:
+        self._refs.clear()
+        self._seen_since_clear = 0
+        self.trusted = False
+
+    def cached_run(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the instance holds (vLLM's lookup stops at the first miss)."""
+        refs = self._refs
+        n = 0
+        for h in hashes:
+            if h not in refs:
+                break
+            n += 1
+        return n
+
+    # -- batches ---------------------------------------------------------------------------------
+    def check(self, seq: int) -> Outcome:
+        """What ``seq`` says about the stream before its batch is applied."""
+        expected = self.next_seq
+        if expected is None or seq == expected:
+            return "ok"
+        if seq < expected:
+            return "restart" if seq == 0 or seq < expected - 1 else "stale"
+        return "gap"
+
+    def apply(self, seq: int, events: Iterable[object]) -> Outcome:
+        """Apply one batch in sequence. After a gap nothing is applied and the index is untrusted:
+        the caller replays from ``next_seq`` (then ``replayed``) or calls ``start_over`` and
+        applies the batch as the first one."""
+        outcome = self.check(seq)
+        if outcome == "stale":  # a replayed batch we already have
+            return outcome
+        if outcome == "gap":
+            if self.trusted:
+                self.gaps += 1
+                self._was_trusted = True
+            self.trusted = False
+            return outcome
+        if outcome == "restart":
+            self.restarts += 1
+            self.clear()
+            self.trusted = True  # a fresh engine's cache is empty: the index is complete from here
+        elif self.next_seq is None:
+            # The first batch we see: unless it is the engine's first (we were there from its
+            # start), blocks stored before we subscribed are unknown; complete only once it has
+            # stored as much as it holds since.
+            self.trusted = seq == 0
+        self.next_seq = seq + 1
+        for event in events:
+            if isinstance(event, Mapping):
+                self._event(event)
+        if not self.trusted and self._seen_since_clear >= self.capacity:
+            self.trusted = True
+        return outcome
+
+    def replayed(self) -> None:
+        """A replay filled the gap: the index is as complete as it was before it."""
+        self.trusted = self._was_trusted or self._seen_since_clear >= self.capacity
+
+    def start_over(self) -> None:
+        """A gap no replay can fill: forget everything, trusted again after a full turnover."""
+        self.clear()
+        self.next_seq = None
+        self._was_trusted = False
+
+    # -- events ----------------------------------------------------------------------------------
+    def _event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "BlockStored":
+            self._stored(event)
+        elif kind == "BlockRemoved":
+            for value in event.get("block_hashes") or ():
+                h = _wire(value)
+                count = self._refs.get(h) if h is not None else None
+                if count is None:
+                    continue
+                if count <= 1:
+                    del self._refs[h]  # type: ignore[arg-type]
+                else:
+                    self._refs[h] = count - 1  # type: ignore[index]
+        elif kind == "AllBlocksCleared":
+            self._refs.clear()
+
+    def _stored(self, event: Mapping[str, Any]) -> None:
+        hashes = [h for h in map(_wire, event.get("block_hashes") or ()) if h is not None]
+        size = event.get("block_size")
+        if isinstance(size, int) and size > 0 and size != self.block_size:
+            self._refs.clear()
+            self.block_size = size
+        if self.matches is None and event.get("parent_block_hash") is None and hashes:
+            tokens = event.get("token_ids")
+            if isinstance(tokens, list) and not (event.get("extra_keys") or [None])[0]:
+                self.matches = block_hashes(tokens[: self.block_size], self.block_size)[:1] == hashes[:1]
+        refs = self._refs
+        for h in hashes:
+            refs[h] = refs.get(h, 0) + 1
+            refs.move_to_end(h)
+        self._seen_since_clear += len(hashes)
+        self._trim()
+
+    def _trim(self) -> None:
+        refs = self._refs
+        while len(refs) > self.capacity:
+            refs.popitem(last=False)

@@ -1,0 +1,70 @@
+"""Lost KV events: the subscriber asks the engine's replay socket for the missing batches and the
+index is whole again; without a replay socket it starts over (and dispatch falls back meanwhile)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from taogate.dispatch.blocks import block_hashes
+from taogate.emulator.kv_cache import block_stored
+from taogate.emulator.kv_events import KvEventPublisher, kv_event_frames
+from taogate.fleet.fleet import Fleet
+from taogate.fleet.instance import Instance, InstanceSpec
+
+pytest.importorskip("zmq")
+from taogate.control.kv_events import KvEventsSubscriber
+
+TOKENS = list(range(64))
+HASHES = block_hashes(TOKENS, 16)
+
+
+def _endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _instance(replay: str | None) -> Instance:
+    spec = InstanceSpec("i0", "http://127.0.0.1:1", kv_events=_endpoint(), kv_events_replay=replay)
+    return Instance(spec, unhealthy_after=2, healthy_after=1, breaker_failures=5, breaker_cooldown=1.0)
+
+
+def _batches() -> list[list[dict[str, object]]]:
+    return [
+        [block_stored(HASHES[i : i + 1], HASHES[i - 1] if i else None, TOKENS[16 * i : 16 * i + 16], 16)]
+        for i in range(4)
+    ]
+
+
+@pytest.mark.timeout(20)
+async def test_a_gap_is_replayed() -> None:
+    replay = _endpoint()
+    inst = _instance(replay)
+    publisher = KvEventPublisher("tcp://127.0.0.1:1", replay=replay)  # its PUB goes nowhere here
+    publisher.start()
+    subscriber = KvEventsSubscriber(Fleet.__new__(Fleet))
+    try:
+        batches = _batches()
+        for events in batches:
+            publisher.publish(events)
+        index = inst.cache.enable_index()
+        payload = [kv_event_frames("", seq, 0.0, b)[2] for seq, b in enumerate(batches)]
+        await subscriber._batch(inst, index, 0, payload[0])
+        await subscriber._batch(inst, index, 3, payload[3])  # 1 and 2 were lost
+        assert index.cached_run(HASHES) == 4 and index.trusted and index.next_seq == 4
+    finally:
+        await publisher.aclose()
+
+
+async def test_without_replay_the_index_starts_over() -> None:
+    inst = _instance(None)
+    subscriber = KvEventsSubscriber(Fleet.__new__(Fleet))
+    index = inst.cache.enable_index()
+    batches = _batches()
+    payload = [kv_event_frames("", seq, 0.0, b)[2] for seq, b in enumerate(batches)]
+    await subscriber._batch(inst, index, 0, payload[0])
+    await subscriber._batch(inst, index, 3, payload[3])
+    assert index.cached_run(HASHES) == 0 and len(index) == 1 and not index.trusted
+    assert inst.cache.hit  # dispatch falls back to the model meanwhile

@@ -1,0 +1,118 @@
+"""Dispatch on a real fast + slow vLLM pair with prefix caching: on the long-prompt load (prompts
+sharing a long prefix, a few at a time) the default beats round robin and least-requests."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+
+import httpx
+
+from taogate.app import serve_gateway
+from taogate.bench.scenarios import loopback_settings
+from tests.real.conftest import Pair, Say
+
+KEY = "real-tier-key"
+WORDS = (
+    "the",
+    "gateway",
+    "sends",
+    "each",
+    "request",
+    "to",
+    "the",
+    "card",
+    "with",
+    "the",
+    "least",
+    "prefill",
+    "work",
+    "queued",
+    "and",
+    "learns",
+)
+REQUESTS = 12
+CONCURRENCY = 4
+RUNS = 2
+ROWS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("round_robin", {"strategy": "round_robin", "prefix_affinity": False}),
+    ("least_requests", {"strategy": "least_requests", "prefix_affinity": False}),
+    ("default", {}),
+)
+
+
+def _prefix(words: int) -> str:
+    """A long shared prefix no earlier request has (each row starts with cold caches)."""
+    rng = random.Random()
+    return uuid.uuid4().hex + " " + " ".join(rng.choices(WORDS, k=words))
+
+
+async def _load(
+    http: httpx.AsyncClient, api: str, model: str, prefix: str, *, requests: int, concurrency: int
+) -> tuple[float, dict[str, int]]:
+    """``requests`` prompts sharing ``prefix``, ``concurrency`` at a time: makespan and who served them."""
+    served: dict[str, int] = {}
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        body = {
+            "model": model,
+            "prompt": f"{prefix} request number {i}",
+            "max_tokens": 4,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        headers = {"authorization": f"Bearer {KEY}"}
+        async with slots, http.stream("POST", api + "/completions", json=body, headers=headers) as r:
+            await r.aread()
+            assert r.status_code == 200, r.text
+            name = r.headers["x-taogate-instance"]
+            served[name] = served.get(name, 0) + 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(requests)))
+    return time.monotonic() - started, served
+
+
+async def _run(pair: Pair, dispatch: dict[str, object]) -> tuple[float, dict[str, int]]:
+    """The best makespan of the load over ``RUNS`` rounds (each with a fresh prefix: cold caches)
+    through one gateway with these [dispatch] settings, after a few unique prompts it learns from."""
+    settings = loopback_settings(
+        [s.url for s in pair.servers],
+        names=[s.spec.label for s in pair.servers],
+        gateway={"request_timeout": 120},
+        dispatch={"warmup_tokens": 0, **dispatch},
+    )
+    async with (
+        serve_gateway(settings, key=KEY) as gate,
+        httpx.AsyncClient(timeout=120, trust_env=False) as http,
+    ):
+        for i in range(3):  # a gateway in service has seen traffic: unique prompts, not timed
+            await _load(http, gate.api_base, pair.model, _prefix(300), requests=2, concurrency=2)
+            del i
+        runs = [
+            await _load(
+                http, gate.api_base, pair.model, _prefix(1200), requests=REQUESTS, concurrency=CONCURRENCY
+            )
+            for _ in range(RUNS)
+        ]
+        return min(runs, key=lambda r: r[0])
+
+
+async def test_the_default_beats_round_robin_and_least_requests(vllm_pair: Pair, report: Say) -> None:
+    for server in vllm_pair.servers:
+        server.check_alive()
+    spans: dict[str, float] = {}
+    for label, dispatch in ROWS:
+        spans[label], served = await _run(vllm_pair, dispatch)
+        report(f"long-prompt load, {label}: {spans[label]:.2f} s, served {served}")
+    default = spans["default"]
+    report(
+        f"long-prompt load: default throughput {spans['round_robin'] / default:.2f}x round robin's, "
+        f"{spans['least_requests'] / default:.2f}x least-requests'"
+    )
+    assert default < spans["round_robin"], spans
+    assert default < spans["least_requests"], spans

@@ -1,0 +1,158 @@
+"""Prefix affinity over cache views: hits only where the prefix was sent, spread only when load
+(or, on a tight cache, eviction) says so; least-requests as the baseline."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.dispatch.cache_model import PrefixCacheModel
+from taogate.dispatch.load import estimate
+from taogate.dispatch.policy import LeastBusy, LeastRequests
+from taogate.dispatch.types import InstanceView, RequestFacts
+
+NAMES = ["a", "b", "c", "d"]
+
+
+class ModelView:
+    """The approximate CacheView over one PrefixCacheModel."""
+
+    def __init__(self, model: PrefixCacheModel) -> None:
+        self.model = model
+
+    def hit(self, req: RequestFacts) -> float:
+        return self.model.expected_hit(req.prefix_key, req.prefix_tokens, req.prompt_tokens)
+
+    def eviction_cost(self, tokens: int) -> float:
+        return self.model.eviction_cost(tokens)
+
+    def inflight(self, key: int) -> int:
+        return self.model.inflight(key)
+
+
+class Sim:
+    """Instances whose views follow what the policy sent (nothing finishes unless told)."""
+
+    def __init__(self, capacity: int = 16_384, speeds: dict[str, float] | None = None) -> None:
+        self.models = {n: PrefixCacheModel(capacity) for n in NAMES}
+        self.speeds = speeds or {}
+        self.inflight: Counter[str] = Counter()
+        self.work: Counter[str] = Counter()
+
+    def views(self) -> list[InstanceView]:
+        return [
+            InstanceView(
+                n,
+                inflight=self.inflight[n],
+                speed=self.speeds.get(n, 10_000.0),
+                cache=ModelView(self.models[n]),
+                prefill_work=self.work[n],
+                decode_seconds_per_token=0.012,
+            )
+            for n in NAMES
+        ]
+
+    def send(self, lb: LeastBusy, req: RequestFacts) -> str:
+        choice = lb.choose(req, self.views(), NAMES)
+        assert choice is not None and choice.work is not None
+        self.inflight[choice.instance] += 1
+        self.work[choice.instance] += choice.work
+        self.models[choice.instance].dispatched(req.prefix_key, req.prefix_tokens, req.prompt_tokens, 16)
+        return choice.instance
+
+    def first_tokens(self) -> None:
+        self.work.clear()
+
+
+def req(key: int | None, prompt: int = 4096, prefix: int = 4000) -> RequestFacts:
+    return RequestFacts("m", prompt, long=False, prefix_key=key, prefix_tokens=prefix, max_tokens=16)
+
+
+def test_a_never_seen_key_is_no_hit_anywhere() -> None:
+    sim = Sim()
+    choice = LeastBusy(affinity=True).choose(req(5), sim.views(), NAMES)
+    assert choice is not None and choice.reason == "least_load" and choice.work == 4096
+
+
+def test_a_burst_of_one_prefix_warms_each_instance_once_then_hits() -> None:
+    """16 at once sharing a 4,000-token prefix: the first on each instance prefills it, the rest
+    queue behind it there and hit (vLLM caches scheduled blocks), and the queues stay even."""
+    sim = Sim()
+    lb = LeastBusy(affinity=True)
+    picks = [sim.send(lb, req(1)) for _ in range(16)]
+    assert set(picks) == set(NAMES) and max(Counter(picks).values()) <= 5
+    assert sum(sim.work.values()) <= 4 * 4096 + 12 * 100  # four prefills, twelve hits
+
+
+def test_a_slow_card_gets_the_prefix_only_when_the_fast_ones_are_loaded() -> None:
+    sim = Sim(speeds={"d": 4_000.0})
+    lb = LeastBusy(affinity=True)
+    picks = [sim.send(lb, req(1)) for _ in range(6)]
+    assert "d" not in picks
+
+
+def test_hot_prefixes_partition_over_a_tight_cache() -> None:
+    """Eight prefixes, each instance's cache holds about half of them: once each is placed, it is
+    not copied around (a miss would evict prefixes that others reuse)."""
+    sim = Sim(capacity=4 * 130)  # four 2,000-token prefixes (plus room for the questions)
+    lb = LeastBusy(affinity=True)
+    holders: dict[int, set[str]] = {k: set() for k in range(8)}
+    for round_ in range(12):
+        for k in range(8):
+            name = sim.send(lb, req(k, 2040, 2000))
+            holders[k].add(name)
+            sim.inflight[name] -= 1  # answered before the next arrives
+            sim.work.clear()
+        del round_
+    assert sum(len(h) for h in holders.values()) <= 12  # most prefixes live on one instance
+
+
+def test_least_requests_takes_the_fewest_in_flight_and_rotates() -> None:
+    lr = LeastRequests()
+    views = [InstanceView(n, inflight=i % 2) for i, n in enumerate(NAMES)]
+    picks = [lr.choose(req(None), views) for _ in range(4)]
+    assert [p.instance for p in picks if p] == ["a", "c", "a", "c"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sent=st.lists(st.tuples(st.sampled_from(NAMES), st.integers(0, 5)), max_size=12),
+    key=st.integers(0, 5),
+    prompt=st.integers(1, 20_000),
+    prefix=st.integers(0, 20_000),
+    work=st.lists(st.integers(0, 50_000), min_size=4, max_size=4),
+)
+def test_property_the_pick_is_the_cheapest_given_its_cache(
+    *, sent: list[tuple[str, int]], key: int, prompt: int, prefix: int, work: list[int]
+) -> None:
+    """With no slack the pick costs no more than any candidate, each costed with its own hit (and a
+    miss with what it would evict), near-ties aside; and it hits only where the key was sent."""
+    models = {n: PrefixCacheModel(600) for n in NAMES}
+    for name, k in sent:
+        models[name].dispatched(k, 2000, 2100, 16)
+    views = [
+        InstanceView(n, cache=ModelView(models[n]), prefill_work=w) for n, w in zip(NAMES, work, strict=True)
+    ]
+    lb = LeastBusy(affinity=True)
+    facts = req(key, prompt, min(prefix, prompt))
+    choice = lb.choose(facts, views, NAMES)
+    assert choice is not None
+
+    hits = {v.name: v.cache.hit(facts) for v in views if v.cache is not None}
+    holders = [v.name for v in views if hits[v.name] > 0]
+    share = max(1.0, sum(models[n].inflight(key) for n in holders) / len(holders)) if holders else 1.0
+
+    def cost(v: InstanceView) -> float:
+        assert v.cache is not None
+        hit = hits[v.name]
+        total = estimate(v, max(1.0, prompt - hit), 16)[1]
+        if hit <= 0:  # what it evicts, less its share of a hot prefix's new copy
+            total += (v.cache.eviction_cost(prompt + 16) - max(hits.values()) * (1 - 1 / share)) / v.speed
+        return total
+
+    picked = next(v for v in views if v.name == choice.instance)
+    assert cost(picked) <= min(cost(v) for v in views) * (1 + lb.tie_ratio) + 1e-9
+    if choice.reason == "affinity_hit":
+        assert models[choice.instance].holds(key)

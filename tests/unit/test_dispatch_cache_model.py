@@ -1,0 +1,98 @@
+"""The modelled prefix cache: bounded by the instance's blocks, LRU as vLLM, pinned while in use."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taogate.dispatch.cache_model import PrefixCacheModel
+
+
+def test_a_key_sent_here_is_a_hit_at_once_and_only_here() -> None:
+    here, there = PrefixCacheModel(), PrefixCacheModel()
+    assert here.expected_hit(7, 2010, 2040) == 0.0  # never sent: no hit anywhere
+    ticket = here.dispatched(7, 2010, 2040, 16)
+    assert here.expected_hit(7, 2010, 2040) == 2000.0  # whole blocks, before the first token
+    assert here.pinned_hit(7, 2010, 2040) == 2000.0
+    assert there.expected_hit(7, 2010, 2040) == 0.0
+    here.finished(ticket)
+    assert here.expected_hit(7, 2010, 2040) == 2000.0 and here.pinned_hit(7, 2010, 2040) == 0.0
+
+
+def test_the_last_token_is_never_a_hit() -> None:
+    model = PrefixCacheModel(block_size=16)
+    model.dispatched(1, 4096, 4096, 16)
+    assert model.expected_hit(1, 4096, 4096) == 4080.0
+
+
+def test_lru_evicts_the_oldest_unpinned_and_keeps_running_ones() -> None:
+    model = PrefixCacheModel(capacity_blocks=300, block_size=16)  # 4,800 tokens
+    a = model.dispatched(1, 2000, 2040, 16)
+    model.finished(a)
+    b = model.dispatched(2, 2000, 2040, 16)  # running: pinned
+    model.dispatched(3, 2000, 2040, 16)  # no room for all three: the oldest unpinned (1) goes
+    assert not model.holds(1) and model.holds(2) and model.holds(3)
+    model.finished(b)
+    assert model.used <= model.capacity + 135  # pinned entries may overflow, never by more than them
+
+
+def test_eviction_cost_counts_reused_prefixes_only() -> None:
+    model = PrefixCacheModel(capacity_blocks=260, block_size=16)
+    for _ in range(2):
+        model.finished(model.dispatched(1, 2000, 2040, 16))  # used twice: hot
+    model.finished(model.dispatched(2, 1000, 1040, 16))  # used once
+    assert model.eviction_cost(100) == 0.0  # fits
+    assert model.eviction_cost(2000) >= 2000.0  # pushes the hot prefix out
+
+
+def test_trust_follows_what_the_engine_reports() -> None:
+    model = PrefixCacheModel()
+    model.dispatched(1, 2000, 2040, 16)
+    ticket = model.dispatched(1, 2000, 2040, 16)
+    model.observe_cached(ticket, 0)  # predicted a hit, the engine found nothing
+    assert model.trust < 1.0
+    assert model.expected_hit(1, 2000, 2040) < 1984.0
+    low = model.trust
+    model.observe_cached(model.dispatched(1, 2000, 2040, 16), 1984)
+    assert model.trust > low
+
+
+def test_counters_teach_trust_without_exact_answers() -> None:
+    model = PrefixCacheModel()
+    model.dispatched(1, 2000, 2040, 16)
+    for _ in range(4):
+        model.dispatched(1, 2000, 2040, 16)
+    model.observe_counters(0.0)
+    assert model.trust < 1.0
+
+
+def test_a_new_shape_clears_the_model() -> None:
+    model = PrefixCacheModel()
+    model.dispatched(1, 2000, 2040, 16)
+    model.configure(1000, 128)
+    assert not model.holds(1) and model.block_size == 128
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 400),
+    ops=st.lists(
+        st.tuples(st.integers(0, 20), st.integers(0, 3000), st.integers(1, 4000), st.booleans()),
+        max_size=60,
+    ),
+)
+def test_property_bounded_by_the_instances_blocks(
+    capacity: int, ops: list[tuple[int, int, int, bool]]
+) -> None:
+    """Whatever is sent, unpinned entries never make the model exceed the instance's capacity, and
+    the number of entries never exceeds its blocks plus those pinned by requests in flight."""
+    model = PrefixCacheModel(capacity_blocks=capacity, block_size=16)
+    open_tickets = []
+    for key, prefix, prompt, finish in ops:
+        open_tickets.append(model.dispatched(key, min(prefix, prompt), prompt, 16))
+        if finish and open_tickets:
+            model.finished(open_tickets.pop(0))
+        assert len(model) <= capacity + 2 * len(open_tickets)
+    for ticket in open_tickets:
+        model.finished(ticket)
+    assert model.used <= capacity and len(model) <= capacity
