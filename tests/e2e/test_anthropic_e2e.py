@@ -85,7 +85,9 @@ async def test_gateway_errors_take_anthropic_s_shape_and_status(gw: Running) -> 
 async def test_usage_in_anthropic_fields_reaches_metrics_and_learning(
     gateway_factory: GatewayFactory,
 ) -> None:
-    async with gateway_factory([EmulatorConfig(enable_prefix_caching=True)]) as gw:
+    # vLLM reports cache hits (Anthropic's cache_read_input_tokens too) only with this flag.
+    config = EmulatorConfig(enable_prefix_caching=True, enable_prompt_tokens_details=True)
+    async with gateway_factory([config]) as gw:
         system = "You answer questions about the fleet. " * 40
         async with client(gw) as sdk:
             for _ in range(3):
