@@ -155,21 +155,29 @@ async def test_a_client_that_leaves_frees_the_running_slot(vllm_pair: Pair, stre
                         break
                 assert await busy() == 1
             # The block closed the connection mid-stream.
+            left = time.monotonic()
+            while await busy() > 0:
+                assert time.monotonic() - left < 5, "vLLM still runs the abandoned request"
+                await asyncio.sleep(0.05)
         else:
+            # vLLM's /metrics hardly answers while it builds a long non-streamed answer, so "it runs"
+            # is read afterwards from its counters: the prompt was prefilled, the answer never finished.
+            async def counts() -> tuple[float, float]:
+                seen = [await engine_metrics(http, s) for s in vllm_pair.servers]
+                return sum(m.prompt_tokens or 0 for m in seen), sum(m.request_success or 0 for m in seen)
+
+            prompts, finished = await counts()
             async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=1.0), trust_env=False) as client:
-                request = asyncio.ensure_future(
-                    client.post(gw.url + "/v1/completions", json=body, headers=headers)
-                )
-                deadline = time.monotonic() + 20
-                while await busy() == 0:
-                    assert time.monotonic() < deadline, "the request never ran"
-                    await asyncio.sleep(0.05)
                 with contextlib.suppress(httpx.ReadTimeout):
-                    await request
-        left = time.monotonic()
-        while await busy() > 0:
-            assert time.monotonic() - left < 5, "vLLM still runs the abandoned request"
-            await asyncio.sleep(0.05)
+                    await client.post(gw.url + "/v1/completions", json=body, headers=headers)
+                    raise AssertionError("a 3,000-token answer came back within the client's 1 s")
+            left = time.monotonic()
+            while await busy() > 0:
+                assert time.monotonic() - left < 5, "vLLM still runs the abandoned request"
+                await asyncio.sleep(0.05)
+            prompts_after, finished_after = await counts()
+            assert prompts_after > prompts, "the request never ran"
+            assert finished_after == finished, "vLLM finished the abandoned request"
 
 
 async def test_admin_rows_show_what_vllm_reports(vllm_pair: Pair) -> None:
@@ -197,7 +205,8 @@ async def test_admin_rows_show_what_vllm_reports(vllm_pair: Pair) -> None:
         assert (own.running, own.waiting) == (1, 0)
         row = rows["fast"]
         assert row["engine_waiting"] == 0 and row["inflight"] == 0
-        assert row["kv_usage"] is not None and 0 < row["kv_usage"] < 1
+        # One short prompt in a cache sized in GiB holds a few blocks: the share may round to 0.
+        assert own.kv_usage is not None and row["kv_usage"] == pytest.approx(own.kv_usage, abs=0.01)
         assert rows["slow"]["engine_running"] == 0
 
 

@@ -35,7 +35,9 @@ class Rewrite:
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._status = message["status"]
-            self._headers = [(k, v) for k, v in message.get("headers", []) if k != b"content-length"]
+            # The rewritten body gets its own length and content type (send_bytes writes both).
+            drop = (b"content-length", b"content-type")
+            self._headers = [(k, v) for k, v in message.get("headers", []) if k not in drop]
             if self._status == 200 and self._stream:
                 await self._send(message)
             return
