@@ -3,19 +3,26 @@ gone or listed, with its reason, in ``taogate.emulator.conformance``."""
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from taogate.bench.procs import free_port
+from taogate.dispatch.blocks import block_hashes
 from taogate.emulator import run_fleet
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.conformance import DIFFERENCES
 from tests.real.conftest import Pair
+from tests.real.gateway import unique_prompt
+from tests.real.home import Prepared
+from tests.real.kv_events import KvListener
 from tests.real.models import CONTEXT
 from tests.real.server import SERVED_MODEL
 
@@ -324,3 +331,61 @@ async def test_the_emulator_speaks_vllms_wire(vllm_pair: Pair) -> None:
         if not any(d.probe in ("*", p) and fnmatch.fnmatchcase(a, d.aspect) for p, a in seen)
     ]
     assert not stale, f"listed differences that are gone (drop them): {stale}"
+
+
+def _shape(value: object) -> object:
+    """A KV-events value's shape: dict keys with their shapes, a list's first item's, a scalar's type."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+async def _stored(listener: KvListener, send: Callable[[str], Awaitable[None]]) -> list[dict[str, Any]]:
+    """Frames from ``listener`` until one carries a BlockStored event: a publisher that connects drops
+    what it sent before it was connected, so fresh prompts are sent until one is seen."""
+    deadline = time.monotonic() + 30.0
+    frames: list[dict[str, Any]] = []
+    while not any(e["type"] == "BlockStored" for f in frames for e in f["payload"][1]):
+        assert time.monotonic() < deadline, f"no BlockStored event within 30 s; frames: {frames}"
+        await send(unique_prompt(400))
+        frames += await asyncio.to_thread(listener.frames, wait=2.0)
+    return frames
+
+
+async def test_the_emulator_publishes_kv_events_as_vllm_does(vllm_pair: Pair, prepared: Prepared) -> None:
+    """Precise dispatch reads both: the same frame layout, event fields and block hashes."""
+    real = vllm_pair.fast
+    assert real.kv_events_endpoint is not None
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = replace(emulated_like_the_real_card(), kv_events_endpoint=endpoint, kv_events_topic="kv")
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+
+        def sender(url: str) -> Callable[[str], Awaitable[None]]:
+            async def send(prompt: str) -> None:
+                body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 1}
+                (await http.post(url + "/v1/completions", json=body)).raise_for_status()
+
+            return send
+
+        with KvListener(prepared.python, real.kv_events_endpoint) as listener:
+            real_frames = await _stored(listener, sender(real.url))
+        with KvListener(prepared.python, endpoint) as listener:
+            async with run_fleet([config]) as fleet:
+                emulated_frames = await _stored(listener, sender(fleet.urls[0]))
+
+    def layout(frames: list[dict[str, Any]]) -> set[tuple[object, ...]]:
+        return {(f["parts"], f["topic"], len(f["seq_hex"]), *map(type, f["payload"])) for f in frames}
+
+    def events(frames: list[dict[str, Any]]) -> dict[str, object]:
+        return {e["type"]: _shape(e) for f in frames for e in f["payload"][1]}
+
+    assert layout(emulated_frames) == layout(real_frames)
+    real_events, emulated_events = events(real_frames), events(emulated_frames)
+    assert emulated_events["BlockStored"] == real_events["BlockStored"]
+    for frames in (real_frames, emulated_frames):
+        for frame in frames:
+            for event in frame["payload"][1]:
+                if event["type"] == "BlockStored" and event.get("parent_block_hash") is None:
+                    assert event["block_hashes"] == block_hashes(event["token_ids"], event["block_size"])

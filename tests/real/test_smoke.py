@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from taogate.dispatch.blocks import block_hashes
 from tests.real.conftest import Pair, Say
 from tests.real.home import Prepared
 from tests.real.kv_events import KvListener
@@ -163,3 +164,9 @@ def test_kv_events_reach_a_subscriber(vllm_pair: Pair, prepared: Prepared, http:
         assert len(event["token_ids"]) == block * len(event["block_hashes"])
     # Only full blocks are stored: one of our prompts' whole blocks, in one event.
     assert any(len(event["block_hashes"]) in full_blocks for event in stored), (full_blocks, stored)
+    # Precise dispatch names blocks as vLLM does: our hash chain over a prompt's token ids gives the
+    # numbers vLLM published for them.
+    roots = [event for event in stored if event.get("parent_block_hash") is None]
+    assert roots, stored
+    for event in roots:
+        assert event["block_hashes"] == block_hashes(event["token_ids"], block), event
