@@ -77,14 +77,15 @@ async def _load(
     return time.monotonic() - started, served
 
 
-async def _run(pair: Pair, dispatch: dict[str, object]) -> tuple[float, dict[str, int]]:
+async def _run(pair: Pair, dispatch: dict[str, object], report: Say) -> tuple[float, dict[str, int]]:
     """The best makespan of the load over ``RUNS`` rounds (each with a fresh prefix: cold caches)
-    through one gateway with these [dispatch] settings, after a few unique prompts it learns from."""
+    through one gateway with these [dispatch] settings (its warm-up included, as a user's), after a
+    few prompts it learns from."""
     settings = loopback_settings(
         [s.url for s in pair.servers],
         names=[s.spec.label for s in pair.servers],
         gateway={"request_timeout": 120},
-        dispatch={"warmup_tokens": 0, **dispatch},
+        dispatch=dispatch,
     )
     async with (
         serve_gateway(settings, key=KEY) as gate,
@@ -99,6 +100,11 @@ async def _run(pair: Pair, dispatch: dict[str, object]) -> tuple[float, dict[str
             )
             for _ in range(RUNS)
         ]
+        rows = (
+            await http.get(gate.url + "/admin/instances", headers={"authorization": f"Bearer {KEY}"})
+        ).json()
+        learned = {r["name"]: (round(r["speed"]), r["speed_samples"]) for r in rows["instances"]}
+        report(f"  learned (speed, samples): {learned}; makespans {[round(r[0], 2) for r in runs]}")
         return min(runs, key=lambda r: r[0])
 
 
@@ -107,7 +113,7 @@ async def test_the_default_beats_round_robin_and_least_requests(vllm_pair: Pair,
         server.check_alive()
     spans: dict[str, float] = {}
     for label, dispatch in ROWS:
-        spans[label], served = await _run(vllm_pair, dispatch)
+        spans[label], served = await _run(vllm_pair, dispatch, report)
         report(f"long-prompt load, {label}: {spans[label]:.2f} s, served {served}")
     default = spans["default"]
     report(

@@ -147,7 +147,12 @@ def test_kv_events_reach_a_subscriber(vllm_pair: Pair, prepared: Prepared, http:
         deadline = time.monotonic() + 30.0
         frames: list[dict[str, Any]] = []
         full_blocks: set[int] = set()
-        while not any(e["type"] == "BlockStored" for f in frames for e in f["payload"][1]):
+        # Wait for an event of one of our prompts: a late batch of an earlier test's may come first.
+        while not any(
+            e["type"] == "BlockStored" and len(e["block_hashes"]) in full_blocks
+            for f in frames
+            for e in f["payload"][1]
+        ):
             assert time.monotonic() < deadline, f"no BlockStored event within 30 s; frames: {frames}"
             reply = generate(http, fast, "/v1/completions", {"prompt": unique_prompt(400), "max_tokens": 1})
             full_blocks.add(reply.json()["usage"]["prompt_tokens"] // block)
