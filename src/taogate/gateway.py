@@ -219,7 +219,7 @@ class Gateway:
         self.upstream.configure(settings.gateway)
         self.client.timeout = control_timeouts(settings.gateway)
         d = settings.dispatch
-        if policy_changed:  # a rebuilt policy forgets its rotation and its warm prefixes
+        if policy_changed:  # a rebuilt policy forgets its rotation (the caches' state is the instances')
             self.dispatcher.policy = self._make_policy(settings)
         self.dispatcher.queue_size = d.queue_size
         self.dispatcher.queue_timeout = d.queue_timeout

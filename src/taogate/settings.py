@@ -178,7 +178,9 @@ class RetrySettings(Section):
 class DispatchSettings(Section):
     """``[dispatch]``: strategy, health, the per-instance cap and the bounded gateway queue."""
 
-    strategy: Strategy = Field(default="least_busy", description="least_busy or round_robin.")
+    strategy: Strategy = Field(
+        default="least_busy", description="least_busy, or round_robin / least_requests (baselines)."
+    )
     health_check_interval: float = Field(default=10.0, gt=0, description="Seconds between health probes.")
     health_timeout: float = Field(default=2.0, gt=0, description="Seconds a probe may take.")
     unhealthy_after: int = Field(default=2, ge=1, description="Consecutive failed probes to mark down.")

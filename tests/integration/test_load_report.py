@@ -20,5 +20,11 @@ async def test_a_non_stream_answer_refreshes_the_engine_view() -> None:
             assert reply.status_code == 200
             view = inst.view(gate.gateway.clock(), 1.0, 3.0)
             assert view.engine is not None and view.engine.waiting == 0.0 and view.engine.kv_usage == 0.0
+            # The gateway asked, not the client: an instance's queue and KV usage stay the gateway's.
+            assert "endpoint-load-metrics" not in reply.headers
+            asked = await complete(
+                http, gate, "Hello there", max_tokens=2, headers={"endpoint-load-metrics-format": "TEXT"}
+            )
+            assert asked.headers["endpoint-load-metrics"].startswith("TEXT ")
             streamed = await complete(http, gate, "Hello there", max_tokens=2, stream=True)
             assert "endpoint-load-metrics" not in streamed.headers

@@ -6,6 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taogate.fleet.instance import InstanceSpec
+from taogate.proxy.forward import Forward
 from taogate.proxy.upstream import HOP_BY_HOP, downstream_headers, upstream_headers
 
 RID = b"rid-1"
@@ -77,3 +79,18 @@ def test_property_nothing_hop_by_hop_or_nominated_goes_either_way(headers: list[
         sent = {k for k, _ in out}
         assert not sent & (HOP_BY_HOP | nominated)
         assert not any(k.startswith(b"x-taogate-") for k in sent)
+
+
+def test_the_load_report_is_asked_of_instances_only_and_kept_from_the_client() -> None:
+    forward = Forward(
+        b"POST", b"/v1/completions", [(b"content-type", b"application/json")], b"{}", ask_load=True
+    )
+    asked, _ = forward.to(InstanceSpec("i0", "http://127.0.0.1:8000"))
+    assert (b"endpoint-load-metrics-format", b"JSON") in asked
+    hosted, _ = forward.to(InstanceSpec("overflow", "https://api.example", overflow=True))
+    assert all(k != b"endpoint-load-metrics-format" for k, _ in hosted)  # someone else's service
+    answer = [(b"content-type", b"application/json"), (b"endpoint-load-metrics", b"JSON {}")]
+    kept = downstream_headers(answer, request_id=RID, instance="i0", drop_load=True)
+    assert all(k != b"endpoint-load-metrics" for k, _ in kept)
+    passed = downstream_headers(answer, request_id=RID, instance="i0")  # the client asked itself
+    assert (b"endpoint-load-metrics", b"JSON {}") in passed

@@ -38,8 +38,6 @@ from taogate.emulator.config import EmulatorConfig
 __all__ = ["bench", "demo", "diagnose"]
 
 WORKLOADS = ("long-prompts", "single", "mixed", "shared-prefix", "file")
-#: Old name of ``long-prompts``, still accepted so existing scripts keep working.
-_OLD_NAMES = {"article": "long-prompts"}
 EMULATED_MODEL = EmulatorConfig().model
 #: Mixed traffic is offered at this fraction of the emulated fleet's prefill capacity by default.
 MIXED_LOAD = 0.7
@@ -149,7 +147,6 @@ def build_workload(
     capacity: float | None = None,
 ) -> workloads.Workload:
     """The workload named by ``--workload`` with the size flags applied."""
-    kind = _OLD_NAMES.get(kind, kind)
     if kind == "long-prompts":
         return workloads.long_prompts(requests or 64, concurrency, prompt_tokens, max_tokens)
     if kind == "single":

@@ -150,7 +150,8 @@ class Scraper:
             if stale and not inst.stats_stale:
                 log.warning(
                     "instance %s: engine stats are %.1f s old, past the %.1f s they are trusted for; "
-                    "dispatch goes on with the gateway's own counts for it",
+                    "dispatch goes on with the gateway's own counts for it (and the load reports of "
+                    "its non-streamed answers, if any)",
                     inst.name,
                     now - inst.engine_at,
                     limit,

@@ -145,15 +145,22 @@ class Instance:
             base = None
         waiting = report.waiting if report.waiting is not None else base.waiting if base else 0.0
         kv = report.kv_usage if report.kv_usage is not None else base.kv_usage if base else None
-        running = base.running if base is not None else 0.0
+        running = base.running if base is not None else 0.0  # unknown: see engine_stats
         hit_rate = base.prefix_hit_rate if base is not None else None
         self._engine_stats = EngineStats(waiting, running, kv, hit_rate, 0.0)
         self._stats_at = now
 
     def engine_stats(self, now: float) -> EngineStats | None:
-        """The engine's stats (scrape or load report) while dispatch's staleness rule trusts them."""
+        """The engine's stats while dispatch's staleness rule trusts them: the last scrape's, or a
+        load report's waiting and KV usage. What only a scrape says (running, the hit rate) counts
+        while the scrape itself is fresh; past it, running is 0, which dispatch reads as "no more
+        than the gateway's own requests there" (``load.estimate`` takes the larger)."""
         stats = self._engine_stats
-        return stats if stats is not None and now - self._stats_at <= self._stale_after else None
+        if stats is None or now - self._stats_at > self._stale_after:
+            return None
+        if now - self.engine_at > self._stale_after and (stats.running or stats.prefix_hit_rate is not None):
+            stats = self._engine_stats = EngineStats(stats.waiting, 0.0, stats.kv_usage, None, 0.0)
+        return stats
 
     def scrape_duration(self, now: float) -> float | None:
         """The last scrape's duration, or the one in flight's so far if that is longer."""
@@ -201,9 +208,8 @@ class Instance:
         """This instance as dispatch sees it now; the last scrape counts while younger than
         ``stale_after_s`` (its EngineStats is built once per scrape, not per view). With ``cache``
         (prefix affinity on) the view carries the instance's cache and the work booked there."""
-        stats = self._engine_stats
         self._stale_after = stale_after_s
-        engine = stats if stats is not None and now - self._stats_at <= stale_after_s else None
+        engine = self.engine_stats(now)
         spec = self.spec
         inflight = self.inflight
         prefilling = self.prefilling

@@ -8,7 +8,7 @@ names the instance (``proxy.responses``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from taogate.proxy.priority import VLLM_HEADER
 from taogate.proxy.responses import ResponseIds
 from taogate.proxy.routes import RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.splice import with_fields
+from taogate.proxy.upstream import downstream_headers
 
 __all__ = ["Forward", "chosen_request_id", "item_id", "plan", "upstream_path"]
 
@@ -38,9 +39,20 @@ class Forward:
     ids: ResponseIds | None = None  # a Responses request's ids are minted or remembered here
     mint: bool = False  # give the response an id that names its instance
     chosen_id: str | None = None  # the id the client chose: remembered once the answer is in
+    # Ask a vLLM instance for its load with the answer (fresher than a scrape); the client did not
+    # ask, so the answer's header is the gateway's alone (``downstream_headers(drop_load=...)``).
+    ask_load: bool = False
+
+    def answer_headers(
+        self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str
+    ) -> list[tuple[bytes, bytes]]:
+        """The answer's headers for the client (``downstream_headers``)."""
+        return downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
 
     def to(self, spec: InstanceSpec) -> tuple[list[tuple[bytes, bytes]], bytes | StreamedBody]:
         headers, body = self.headers, self.body
+        if self.ask_load and not spec.overflow:  # the overflow channel is someone else's service
+            headers = [*headers, LOAD_REPORT]
         if self.tell_priority is None and not self.mint and not spec.api_key:
             return headers, body  # the common case: nothing to add
         if spec.api_key:
@@ -112,8 +124,9 @@ def plan(
     """The request's upstream side, and the instances it must not go to (all but the one that holds
     the stored response it is about, when there is one)."""
     path = upstream_path(route, scope["path"], prefix, scope.get("query_string", b""))
-    if route.generates and not incoming.facts.stream and not any(k == LOAD_REPORT[0] for k, _ in headers):
-        headers = [*headers, LOAD_REPORT]  # the engine's load with the answer, fresher than a scrape
+    ask_load = (
+        route.generates and not incoming.facts.stream and not any(k == LOAD_REPORT[0] for k, _ in headers)
+    )
     body: bytes | StreamedBody = incoming.body
     if incoming.upload is not None:
         body = incoming.upload
@@ -127,6 +140,7 @@ def plan(
         body,
         incoming.tell_priority,
         route.priority == "body",
+        ask_load=ask_load,
     )
     owner: str | None = None
     instances: list[str] = []

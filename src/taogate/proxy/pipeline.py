@@ -48,7 +48,6 @@ from taogate.proxy.upstream import (
     AttemptFailure,
     Upstream,
     UpstreamResponse,
-    downstream_headers,
     translate,
     upstream_headers,
 )
@@ -387,7 +386,7 @@ class Pipeline:
         lease.first_token()
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), self.clock())  # load-report hook
         ex.rec.ttfb = self.clock() - sent_at
-        headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
+        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
         ex.started = True
 
         def last_message() -> None:
@@ -405,7 +404,7 @@ class Pipeline:
         502-class failure it is. Returns whether the stream completed."""
         inst = lease.instance
         ex.started = True
-        headers = downstream_headers(response.raw_headers, request_id=ex.rid, instance=inst.name)
+        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
 
         def first_chunk() -> None:

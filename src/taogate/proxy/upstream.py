@@ -73,6 +73,7 @@ _DROP_DOWN = HOP_BY_HOP | {
     b"proxy-authenticate",
     b"proxy-authentication-info",
 }
+_DROP_DOWN_LOAD = _DROP_DOWN | {b"endpoint-load-metrics"}
 #: Only the gateway speaks in its own namespace, in both directions.
 _OURS = b"x-taogate-"
 
@@ -206,11 +207,12 @@ def upstream_headers(
 
 
 def downstream_headers(
-    raw: Sequence[tuple[bytes, bytes]], *, request_id: bytes, instance: str
+    raw: Sequence[tuple[bytes, bytes]], *, request_id: bytes, instance: str, drop_load: bool = False
 ) -> list[tuple[bytes, bytes]]:
     """The instance's response headers minus hop-by-hop and framing (the relay recomputes length),
-    those only the gateway may set, plus the request id and which instance served it."""
-    drop = _DROP_DOWN
+    those only the gateway may set, plus the request id and which instance served it. ``drop_load``:
+    the gateway asked for the engine's load report, not the client, who does not see it."""
+    drop = _DROP_DOWN_LOAD if drop_load else _DROP_DOWN
     nominated = _nominated(raw, lower=True)
     if nominated:
         drop = drop | nominated
