@@ -241,7 +241,9 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--full", action="store_true", help="the whole matrix (default: the quick subset)")
     p.add_argument("--cells", type=lambda v: v.split(";"), default=[], help="';'-separated cell names")
-    p.add_argument("--rows", type=lambda v: v.split(","), default=[], help="rows to run (pooled always)")
+    p.add_argument(
+        "--rows", type=lambda v: v.split(";"), default=[], help="';'-separated rows to run (pooled always)"
+    )
     p.add_argument(
         "--noise", type=int, default=0, metavar="N", help="repeat the first cell's main rows N times"
     )
