@@ -40,8 +40,11 @@ def _tokenizer(tmp: Path) -> Path:
 
 async def test_prompts_follow_the_blocks_instances_really_hold(tmp_path: Path) -> None:
     endpoints = [f"tcp://127.0.0.1:{_port()}" for _ in range(2)]
+    # vLLM reports each answer's cache hits (checked below) only with prompt-tokens details on.
     configs = [
-        EmulatorConfig(seed=i, enable_prefix_caching=True, kv_events_endpoint=e)
+        EmulatorConfig(
+            seed=i, enable_prefix_caching=True, kv_events_endpoint=e, enable_prompt_tokens_details=True
+        )
         for i, e in enumerate(endpoints)
     ]
     prefix = list(range(1000, 1640))  # 40 blocks of 16
