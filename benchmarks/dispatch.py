@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispatch_oracle import closed_oracle_table, oracle_table
+from dispatch_oracle import closed_oracle_table, matrix_table, oracle_table
 from rich.console import Console
 from rich.table import Table
 
@@ -218,6 +218,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         rate = 0.7 * fleet_capacity(configs) / workloads.mixed_mean_tokens()
         console.print(closed_oracle_table(args))
         console.print(oracle_table(args, rate))
+        console.print(matrix_table(args.oracle))
     cells = matrix.FULL if args.full else matrix.QUICK
     if args.cells:
         cells = tuple(c for c in matrix.FULL if c.name in args.cells)
@@ -240,7 +241,9 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--full", action="store_true", help="the whole matrix (default: the quick subset)")
     p.add_argument("--cells", type=lambda v: v.split(";"), default=[], help="';'-separated cell names")
-    p.add_argument("--rows", type=lambda v: v.split(","), default=[], help="rows to run (pooled always)")
+    p.add_argument(
+        "--rows", type=lambda v: v.split(";"), default=[], help="';'-separated rows to run (pooled always)"
+    )
     p.add_argument(
         "--noise", type=int, default=0, metavar="N", help="repeat the first cell's main rows N times"
     )
