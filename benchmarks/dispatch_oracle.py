@@ -217,7 +217,7 @@ def oracle_table(args: argparse.Namespace, rate: float) -> Table:
 def closed_oracle_table(args: argparse.Namespace) -> Table:
     """(a) caching off on the engine model in virtual time: what greedy dispatch reaches there."""
     configs = fleet_configs(4, {SLOW: args.slow_factor})
-    size = args.prompt_tokens + 8  # the article's body plus " request number N"
+    size = args.prompt_tokens + 8  # the long prompt's body plus " request number N"
     t = Table(
         title=f"(a) caching off in virtual time: {args.requests} x {size} tokens, "
         f"{args.concurrency} at a time",
