@@ -81,7 +81,7 @@ class PrefixCacheModel:
             self._entries.clear()
             self.used = 0
         self.capacity, self.block_size = capacity_blocks, block_size
-        self._evict(0)
+        self._evict()
 
     # -- reads: what dispatch asks ------------------------------------------------------------
     def max_hit(self, prefix_tokens: int, prompt_tokens: int) -> int:
@@ -149,7 +149,7 @@ class PrefixCacheModel:
             entry.pinned += 1
             entry.uses += 1
             self._entries[key] = entry
-        self._evict(0)
+        self._evict()
         return Ticket(key, anon, predicted)
 
     def finished(self, ticket: Ticket) -> None:
@@ -162,7 +162,7 @@ class PrefixCacheModel:
                 continue
             entry.pinned = max(0, entry.pinned - 1)
             self._entries.move_to_end(name)
-        self._evict(0)
+        self._evict()
 
     def observe_cached(self, ticket: Ticket, cached_tokens: int) -> None:
         """The engine said how many prompt tokens this request found cached (exact evidence)."""
@@ -191,18 +191,20 @@ class PrefixCacheModel:
         self._entries[name] = entry
         self.used += entry.blocks
 
-    def _evict(self, extra: int) -> None:
+    def _evict(self) -> None:
         """Drop least recently used unpinned entries until the model fits the instance's cache
         (pinned ones stay, as vLLM never evicts a running request's blocks) and never holds more
-        entries than the cache has blocks."""
-        entries = self._entries
-        if self.used + extra <= self.capacity and len(entries) <= self.capacity:
-            return
-        for name in list(entries):
-            if self.used + extra <= self.capacity and len(entries) <= self.capacity:
+        entries than the cache has blocks. A pinned entry met on the way is in use, hence as recent
+        as any (``finished`` moves it there too): it goes to the fresh end, so each call costs what
+        it evicts plus the requests in flight, not the model's size."""
+        entries, cap = self._entries, self.capacity
+        for _ in range(len(entries)):
+            if self.used <= cap and len(entries) <= cap:
                 return
+            name = next(iter(entries))
             entry = entries[name]
             if entry.pinned:
+                entries.move_to_end(name)
                 continue
             del entries[name]
             self.used -= entry.blocks
