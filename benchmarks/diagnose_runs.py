@@ -12,9 +12,10 @@ Each run is what ``taogate diagnose`` does (``taogate.bench.diagnose.diagnose`` 
 workload and defaults: probes, run A at cap 32, run B at cap 8, the same ``decide``). The emulated
 fleets get the CLI's default load (64 prompts of ~4,096 tokens, 16 at a time) on a fresh fleet per
 run, as ``taogate diagnose --emulate`` starts one. The real fleets get a smaller load (16 prompts of
-~600 tokens, 4 at a time, ``max_tokens`` 8: the tiny models' context is 4,096 tokens and two cores
-are slow), the one tests/real/test_bench.py gives diagnose; the servers are started once per fleet
-through the real tier's own helpers (tests/real/home.py, server.py) and serve every run.
+~600 tokens, ``--real-tokens`` to change it, 4 at a time, ``max_tokens`` 8: the tiny models' context
+is 4,096 tokens and two cores are slow), the one tests/real/test_bench.py gives diagnose; the
+servers are started once per fleet through the real tier's own helpers (tests/real/home.py,
+server.py) and serve every run.
 
     .venv/bin/python benchmarks/diagnose_runs.py                        # emulated fleets, 10 runs each
     TAOGATE_REAL_VLLM_VENV=/work/vllm-venv .venv/bin/python benchmarks/diagnose_runs.py   # and real
@@ -93,12 +94,12 @@ def emulated(name: str, slow: dict[int, float], expect: tuple[str, str | None]) 
     return Fleet(name, workload, configs[0].model, 4096, expect, fresh=urls)
 
 
-def real_workload() -> Workload:
+def real_workload(prompt_tokens: int) -> Workload:
     return build_workload(
         "long-prompts",
         requests=16,
         concurrency=4,
-        prompt_tokens=600,
+        prompt_tokens=prompt_tokens,
         max_tokens=8,
         rate=None,
         file=None,
@@ -125,11 +126,11 @@ async def real_servers(labels: Sequence[str]) -> AsyncIterator[list[str]]:
         yield [s.url for s in servers]
 
 
-def real(name: str, expect: tuple[str, str | None]) -> Fleet:
+def real(name: str, expect: tuple[str, str | None], prompt_tokens: int) -> Fleet:
     sys.path.insert(0, str(REPO))
     from tests.real.server import SERVED_MODEL
 
-    return Fleet(name, real_workload(), SERVED_MODEL, 600, expect)
+    return Fleet(name, real_workload(prompt_tokens), SERVED_MODEL, prompt_tokens, expect)
 
 
 async def one_run(fleet: Fleet, urls: list[str]) -> tuple[Diagnosis, float]:
@@ -185,7 +186,7 @@ def summary(t: Tally) -> str:
     )
 
 
-async def main(runs: int, names: Sequence[str]) -> int:
+async def main(runs: int, names: Sequence[str], real_tokens: int = 600) -> int:
     has_real = bool(os.environ.get(REAL_VENV_ENV))
     tallies: list[Tally] = []
     for name in names:
@@ -200,7 +201,8 @@ async def main(runs: int, names: Sequence[str]) -> int:
             continue
         else:
             labels = ("fast", "fast") if name == "real-same" else ("fast", "slow")
-            fleet = real(name, ("balanced", None) if name == "real-same" else ("slow", "i1"))
+            expect = ("balanced", None) if name == "real-same" else ("slow", "i1")
+            fleet = real(name, expect, real_tokens)
             async with real_servers(labels) as urls:
                 tallies.append(await run_fleet_n(fleet, runs, urls))
         print(f"{name}: {time.monotonic() - started:.0f} s in all\n", flush=True)
@@ -214,5 +216,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="diagnose runs per fleet")
     parser.add_argument("--fleets", nargs="+", choices=FLEETS, default=list(FLEETS))
+    parser.add_argument("--real-tokens", type=int, default=600, help="prompt tokens on the real fleets")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.runs, args.fleets)))
+    sys.exit(asyncio.run(main(args.runs, args.fleets, args.real_tokens)))
