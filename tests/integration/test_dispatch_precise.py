@@ -41,7 +41,9 @@ def _tokenizer(tmp: Path) -> Path:
 async def test_prompts_follow_the_blocks_instances_really_hold(tmp_path: Path) -> None:
     endpoints = [f"tcp://127.0.0.1:{_port()}" for _ in range(2)]
     configs = [
-        EmulatorConfig(seed=i, enable_prefix_caching=True, kv_events_endpoint=e)
+        EmulatorConfig(
+            seed=i, enable_prefix_caching=True, enable_prompt_tokens_details=True, kv_events_endpoint=e
+        )
         for i, e in enumerate(endpoints)
     ]
     prefix = list(range(1000, 1640))  # 40 blocks of 16
