@@ -216,6 +216,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="diagnose runs per fleet")
     parser.add_argument("--fleets", nargs="+", choices=FLEETS, default=list(FLEETS))
-    parser.add_argument("--real-tokens", type=int, default=600, help="prompt tokens on the real fleets")
+    parser.add_argument(
+        "--real-tokens",
+        type=int,
+        default=600,
+        help="diagnose's --prompt-tokens on the real fleets; its filler runs several times longer on the "
+        "tiny models' tokenizer, so much past the default overflows their 4,096-token context (400s)",
+    )
     args = parser.parse_args()
     sys.exit(asyncio.run(main(args.runs, args.fleets, args.real_tokens)))
