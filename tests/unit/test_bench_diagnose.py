@@ -105,3 +105,32 @@ def test_peak_per_instance_counts_overlaps_on_one_instance() -> None:
     ]
     assert peak_per_instance(samples) == 2
     assert peak_per_instance([]) == 0
+
+
+STALLED = {**EVEN, "i1": [1.0, 1.1, 5.0, 1.0]}  # one request held up: max/mean over 2
+STALLED_TOO = {**EVEN, "i2": [1.0, 4.5, 1.0, 1.0]}
+
+
+def test_one_stall_in_one_of_two_alike_runs_is_balanced() -> None:
+    """The cap never bound, so A and B are the same load twice: a stall that lifts one run's max
+    alone is the machine, an imbalance inside vLLM would show in both."""
+    assert run(STALLED).max_over_mean > 2 >= run(EVEN).max_over_mean
+    for a, b in ((STALLED, EVEN), (EVEN, STALLED)):
+        v = decide(Evidence(run(a), run(b), 32, 8, FAST, peak_per_instance=4))
+        assert v.kind == "balanced", v
+    v = decide(Evidence(run(STALLED), run(EVEN), 32, 8, FAST, peak_per_instance=4))
+    assert any("the same load twice" in line for line in v.evidence)
+
+
+def test_an_imbalance_in_both_alike_runs_points_inside_vllm() -> None:
+    v = decide(Evidence(run(STALLED), run(STALLED_TOO), 32, 8, FAST, peak_per_instance=4))
+    assert v.kind == "inside"
+
+
+def test_when_the_cap_bound_the_configured_run_alone_is_judged() -> None:
+    # Run B had a different dispatch: its better max/mean is not a second try of run A's.
+    slower = {f"i{n}": [2.0, 2.2, 2.4, 4.0] for n in range(4)}  # max/mean within 2, max near A's
+    v = decide(Evidence(run(STALLED), run(slower), 32, 8, FAST, peak_per_instance=9))
+    assert v.kind == "inside"
+    v = decide(Evidence(run(STALLED), run(slower), 32, 8, FAST))  # peak unknown: likewise
+    assert v.kind == "inside"

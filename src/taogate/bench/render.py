@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -263,6 +264,6 @@ def render_diagnosis(console: Console, result: Diagnosis) -> None:
     v = result.verdict
     color = {"balanced": "green", "dispatch": "yellow", "slow": "red", "inside": "red"}.get(v.kind, "red")
     console.print(summary_table([result.evidence.configured, result.evidence.lowered], title="bisection"))
-    console.print(f"[bold {color}]verdict: {v.headline}[/bold {color}]")
-    for line in v.evidence:
-        console.print(f"  - {line}")
+    console.print(f"[bold {color}]verdict: {escape(v.headline)}[/bold {color}]")
+    for line in v.evidence:  # plain text: the probes' "[slowest-fastest]" ranges are not markup
+        console.print(f"  - {line}", markup=False)
