@@ -93,6 +93,8 @@ class Instance:
         self.engine_at = 0.0  # monotonic time of the last good scrape
         self._stats_at = 0.0  # when the freshest part of _engine_stats was seen (scrape or load report)
         self._stale_after = 3.0  # the staleness rule dispatch last applied (seconds)
+        self._report_raw: str | None = None  # the last load report's header, and the stats built from it
+        self._report_stats: EngineStats | None = None
         self.scrape_ok = True  # last scrape succeeded (logged once per change)
         self.scrape_began: float | None = None  # a scrape is in flight since then
         self.scrape_seconds: float | None = None  # how long the last good scrape took
@@ -137,6 +139,9 @@ class Instance:
         """A non-streaming answer's ``endpoint-load-metrics``: the engine's waiting requests and KV
         usage as that request ended, fresher than the last scrape. The running count (the header
         has none) stays the scrape's while that is fresh."""
+        if value and value == self._report_raw and self._engine_stats is self._report_stats:
+            self._stats_at = now  # the same report as the last, with no scrape since: still true now
+            return
         report = parse_load_report(value)
         if report is None:
             return
@@ -147,7 +152,8 @@ class Instance:
         kv = report.kv_usage if report.kv_usage is not None else base.kv_usage if base else None
         running = base.running if base is not None else 0.0  # unknown: see engine_stats
         hit_rate = base.prefix_hit_rate if base is not None else None
-        self._engine_stats = EngineStats(waiting, running, kv, hit_rate, 0.0)
+        self._engine_stats = self._report_stats = EngineStats(waiting, running, kv, hit_rate, 0.0)
+        self._report_raw = value
         self._stats_at = now
 
     def engine_stats(self, now: float) -> EngineStats | None:
