@@ -74,7 +74,8 @@ def test_batches_a_replay_already_applied_are_stale_not_a_restart() -> None:
     index = KvIndex(100, 16)
     index.apply(0, [stored(HASHES[:1])], ts=1.0)
     for seq in (1, 2, 3):  # what a replay applied after a gap
-        index.apply(seq, [stored(HASHES[seq : seq + 1], HASHES[seq - 1], TOKENS[16 * seq : 16 * seq + 16])], 1.0 + seq)
+        block = stored(HASHES[seq : seq + 1], HASHES[seq - 1], TOKENS[16 * seq : 16 * seq + 16])
+        index.apply(seq, [block], 1.0 + seq)
     # the same batches, queued on the live socket meanwhile, arrive now
     assert index.apply(2, [stored(HASHES[2:3], HASHES[1], TOKENS[32:48])], ts=3.0) == "stale"
     assert index.apply(3, [], ts=4.0) == "stale"
@@ -100,7 +101,8 @@ def test_offloaded_copies_and_other_groups_stay_out() -> None:
     index.apply(0, [cpu, other_group])
     assert len(index) == 0
     index.apply(1, [stored(HASHES[:2])])
-    index.apply(2, [{**block_removed(HASHES[0]), "medium": "CPU"}, {**block_removed(HASHES[1]), "group_idx": 1}])
+    cpu_removed = {**block_removed(HASHES[0]), "medium": "CPU"}
+    index.apply(2, [cpu_removed, {**block_removed(HASHES[1]), "group_idx": 1}])
     assert index.cached_run(HASHES) == 2  # the GPU copies are still there
 
 
