@@ -264,7 +264,8 @@ class InstanceSettings(Section):
         description="ZMQ endpoint of its KV-cache events, as in its --kv-events-config; precise "
         "prefix-cache dispatch. vLLM binds a wildcard (tcp://*:5557, the default), [::] or ipc "
         "endpoint, and the gateway connects (to a wildcard's port on this instance's url host); "
-        "vLLM connects to any other, which the gateway binds (not 0.0.0.0: give an address).",
+        "vLLM connects to any other, which the gateway binds (not 0.0.0.0: give an address). "
+        "Data parallel: rank 0 only.",
     )
     kv_events_replay: str | None = Field(
         default=None,

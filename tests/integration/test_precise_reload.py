@@ -4,6 +4,7 @@ the index goes with it."""
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from taogate.emulator.fleet import run_fleet
 from taogate.proxy.routes import ROUTES
 from tests.conftest import wait_until
 
-from .dispatch_helpers import MODEL, serve_gateway, settings_for
+from .dispatch_helpers import MODEL, client, serve_gateway, settings_for
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
@@ -76,5 +77,14 @@ async def test_kv_events_added_by_a_reload_are_used(tmp_path: Path) -> None:
             await wait_until(lambda: cache.index is not None, what="subscribed")
             blocks = await _facts_blocks(gateway, prompt)
             assert blocks is not None and len(blocks.hashes(cache.index.block_size)) > 0
+            async with client() as http:
+                text = (await http.get(gate.url + "/metrics")).text
+            for name in (
+                "kv_events_gaps_total",
+                "kv_events_restarts_total",
+                "kv_index_trusted",
+                "kv_index_usable",
+            ):
+                assert re.search(rf'^taogate_{name}\{{instance="i0"\}} ', text, re.M), name
             gateway.reload(settings)  # kv_events removed again
             await wait_until(lambda: cache.index is None, what="index dropped")

@@ -10,6 +10,10 @@ applied in order; otherwise, or when the engine no longer has them, the index st
 dispatch uses the approximate model until it is complete again. A batch that cannot be read also
 starts the index over; a subscription that ends, for any reason, takes its index with it.
 
+Data parallel: vLLM publishes rank r on the endpoint's port + r. Only the endpoint given is
+subscribed, rank 0's: its index is sized as one rank's share of the blocks, and a hit it counts
+may land on another rank (vLLM's API server balances between them).
+
 Anyone who reaches a bound SUB socket can publish into it: frames and msgpack containers are
 bounded, and a bind on anything but loopback is warned about.
 pyzmq and msgpack are the ``precise`` extra: imported only when an instance has ``kv_events``
