@@ -146,7 +146,8 @@ class KvEventsSubscriber:
                     name,
                     "tokenizer",
                     logging.WARNING,
-                    "instance %s: kv_events ignored: precise dispatch needs [prefill] tokenizer",
+                    "instance %s: kv_events ignored: precise dispatch needs [prefill] tokenizer "
+                    "(and its packages)",
                     name,
                 )
             wanted = {}
