@@ -24,15 +24,15 @@ from prometheus_client import CollectorRegistry
 from taogate.control.discovery import Discovery, Resolver, discovered_specs, system_resolver
 from taogate.control.events import FleetEvents
 from taogate.control.http import control_client, control_timeouts
-from taogate.control.kv_events import KvEventsSubscriber
+from taogate.control.kv_events import KvEventsSubscriber, require_precise
 from taogate.control.loops import Background
 from taogate.control.probes import HealthProbes
 from taogate.control.scraper import Scraper
 from taogate.control.warmup import Warmup
 from taogate.dispatch.policy import Policy, make_policy
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.token_ids import PromptTokenizer, load_prompt_tokenizer
-from taogate.dispatch.tokens import TokenEstimator, load_exact_counter
+from taogate.dispatch.token_ids import MAX_PREFIX_TOKENS, PromptTokenizer, load_prompt_tokenizer
+from taogate.dispatch.tokens import TokenEstimator, TokenizerUnavailable, load_exact_counter
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.fleet.instance import InstanceSpec
@@ -77,6 +77,8 @@ class Gateway:
         tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
         # Optional exact counts for plain text; TokenizerUnavailable names what is missing.
         exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None
+        require_precise(settings)
+        prompt_tokenizer = self._prompt_tokenizer(settings)
         self.fleet = Fleet(settings, self.speeds)
         self.fleet.apply(settings, self._specs(settings))
         self.dispatcher = Dispatcher(
@@ -112,7 +114,7 @@ class Gateway:
         self.pipeline = Pipeline(
             settings,
             keys,
-            intake=Intake(settings, tokens, exact, blocks=self._prompt_tokenizer(settings)),
+            intake=Intake(settings, tokens, exact, blocks=prompt_tokenizer, scope=self._precise_scope),
             dispatcher=self.dispatcher,
             upstream=self.upstream,
             accounting=self.accounting,
@@ -131,7 +133,8 @@ class Gateway:
         self.scraper = Scraper(self.fleet, self.client, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()
-        self.kv_events = KvEventsSubscriber(self.fleet)  # precise mode: instances with kv_events
+        # precise mode: instances with kv_events, when requests' own token ids can be made
+        self.kv_events = KvEventsSubscriber(self.fleet, precise=prompt_tokenizer is not None)
         self._background = Background()
 
     def _current(self) -> Settings:
@@ -148,10 +151,29 @@ class Gateway:
     @staticmethod
     def _prompt_tokenizer(settings: Settings) -> PromptTokenizer | None:
         """The request's own token ids, for instances whose KV events are indexed (precise mode):
-        needs ``[prefill] tokenizer``; without it those instances use the approximate model."""
-        if settings.prefill.tokenizer is None or not any(i.kv_events for i in settings.instances):
+        needs ``[prefill] tokenizer``; without it those instances use the approximate model. Built
+        whenever the tokenizer is set (it cannot change on reload, ``kv_events`` can); its packages
+        are required only when an instance has ``kv_events`` now."""
+        if settings.prefill.tokenizer is None:
             return None
-        return load_prompt_tokenizer(settings.prefill.tokenizer, settings.prefill.chat_template)
+        try:
+            return load_prompt_tokenizer(settings.prefill.tokenizer, settings.prefill.chat_template)
+        except TokenizerUnavailable:
+            if any(i.kv_events for i in settings.instances):
+                raise
+            return None
+
+    def _precise_scope(self) -> tuple[tuple[int, ...], int]:
+        """What a request's hashes are needed for: the block sizes of the KV-event indexes in use,
+        and the prefix worth hashing (the largest of their caches, at most ``MAX_PREFIX_TOKENS``)."""
+        sizes: set[int] = set()
+        largest = 0
+        for inst in self.fleet:
+            index = inst.cache.index
+            if index is not None and index.usable:
+                sizes.add(index.block_size)
+                largest = max(largest, index.capacity * index.block_size)
+        return tuple(sizes), min(MAX_PREFIX_TOKENS, largest)
 
     @staticmethod
     def _make_policy(settings: Settings) -> Policy:
@@ -206,6 +228,7 @@ class Gateway:
         # Another DNS name: its addresses come with the next resolution.
         discovered = self.discovered if settings.discovery.dns == old.discovery.dns else []
         specs = self._specs(settings, discovered)  # may raise ConfigError: before anything changes
+        require_precise(settings)
         self.discovered = discovered
         restart_only = old.restart_only_changes(settings)
         if restart_only:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taogate.dispatch.types import STRATEGIES, Role, SchedulingPolicy, Strategy
@@ -263,12 +263,33 @@ class InstanceSettings(Section):
     scheduling_policy: SchedulingPolicy = Field(default="fcfs", description="Its --scheduling-policy.")
     kv_events: str | None = Field(
         default=None,
-        description="ZMQ endpoint of its KV-cache events, as in its --kv-events-config (the gateway "
-        "binds a non-wildcard address, which vLLM connects to); precise prefix-cache dispatch.",
+        description="ZMQ endpoint of its KV-cache events, as in its --kv-events-config; precise "
+        "prefix-cache dispatch. vLLM binds a wildcard (tcp://*:5557, the default), [::] or ipc "
+        "endpoint, and the gateway connects (to a wildcard's port on this instance's url host); "
+        "vLLM connects to any other, which the gateway binds (not 0.0.0.0: give an address). "
+        "Data parallel: rank 0 only.",
     )
     kv_events_replay: str | None = Field(
-        default=None, description="Its KV events' replay endpoint (replay_endpoint), to recover lost events."
+        default=None,
+        description="Its KV events' replay endpoint (replay_endpoint), to recover lost events; vLLM "
+        "binds it, the gateway connects (to a wildcard's port on this instance's url host).",
     )
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq_endpoint(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"{v!r}: a ZMQ endpoint, e.g. tcp://*:5557 or tcp://10.0.0.2:5557")
+        # ([::] has "::": vLLM binds it, as the replay endpoint always, and the gateway connects.)
+        if info.field_name == "kv_events" and v.startswith("tcp://0.0.0.0:"):
+            raise ValueError(
+                f"{v!r}: vLLM would connect to it and the gateway bind it on every interface, where "
+                "anyone could inject cache events; give this gateway's address (vLLM connects "
+                "there), or tcp://*:PORT (vLLM binds, the gateway connects to the instance's host)"
+            )
+        return v
 
     @field_validator("url")
     @classmethod

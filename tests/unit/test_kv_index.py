@@ -58,7 +58,7 @@ def test_start_over_after_an_unfillable_gap() -> None:
 def test_another_hash_function_turns_precise_mode_off() -> None:
     index = KvIndex(10, 16)
     index.apply(0, [stored([12345], tokens=TOKENS[:16])])
-    assert index.matches is False and not index.usable
+    assert index.matches is False and not index.usable and index.off is not None
 
 
 @settings(max_examples=60, deadline=None)
@@ -68,3 +68,48 @@ def test_property_never_more_than_the_instance_holds(ops: list[tuple[bool, int]]
     for seq, (store, h) in enumerate(ops):
         index.apply(seq, [stored([h], 1, TOKENS[:16])] if store else [block_removed(h)])
         assert len(index) <= cap
+
+
+def test_batches_a_replay_already_applied_are_stale_not_a_restart() -> None:
+    index = KvIndex(100, 16)
+    index.apply(0, [stored(HASHES[:1])], ts=1.0)
+    for seq in (1, 2, 3):  # what a replay applied after a gap
+        block = stored(HASHES[seq : seq + 1], HASHES[seq - 1], TOKENS[16 * seq : 16 * seq + 16])
+        index.apply(seq, [block], 1.0 + seq)
+    # the same batches, queued on the live socket meanwhile, arrive now
+    assert index.apply(2, [stored(HASHES[2:3], HASHES[1], TOKENS[32:48])], ts=3.0) == "stale"
+    assert index.apply(3, [], ts=4.0) == "stale"
+    assert index.trusted and index.cached_run(HASHES) == 4 and index.restarts == 0
+
+
+def test_a_restart_first_seen_past_zero_missed_batches() -> None:
+    index = KvIndex(100, 16)
+    index.apply(0, [stored(HASHES[:2])], ts=10.0)
+    index.apply(1, [], ts=11.0)
+    index.apply(2, [], ts=12.0)
+    # a fresh engine whose batches 0 and 1 were lost: below the next expected, stamped later
+    assert index.apply(2, [stored(HASHES[:1])], ts=20.0) == "restart"
+    assert not index.trusted and index.restarts == 1 and index.next_seq == 3 and len(index) == 1
+    assert index.apply(0, [], ts=30.0) == "restart"  # seen from its very first batch: complete
+    assert index.trusted
+
+
+def test_offloaded_copies_and_other_groups_stay_out() -> None:
+    index = KvIndex(100, 16)
+    cpu = {**stored(HASHES[:1]), "medium": "CPU"}
+    other_group = {**stored(HASHES[:1]), "group_idx": 1}
+    index.apply(0, [cpu, other_group])
+    assert len(index) == 0
+    index.apply(1, [stored(HASHES[:2])])
+    cpu_removed = {**block_removed(HASHES[0]), "medium": "CPU"}
+    index.apply(2, [cpu_removed, {**block_removed(HASHES[1]), "group_idx": 1}])
+    assert index.cached_run(HASHES) == 2  # the GPU copies are still there
+
+
+def test_another_hash_algorithm_turns_precise_mode_off() -> None:
+    index = KvIndex(10, 16)
+    assert index.usable
+    index.configure(10, 16, "xxhash")
+    assert not index.usable and index.off is not None and "xxhash" in index.off
+    index.configure(10, 16, "sha256")
+    assert index.usable

@@ -244,3 +244,16 @@ def test_engine_window_is_what_the_engine_measured_in_between() -> None:
     assert engine_window(EngineSample(), after) is None  # an engine that reports no phases
     restarted = engine_window(after, parse_vllm_metrics(_phases(2, 0.2, 0.0, 0.1, 500, 500, 10)))
     assert restarted is not None and restarted.requests == 2 and restarted.computed_tokens == 250
+
+
+def test_data_parallel_cache_is_the_total_once_and_one_rank_holds_its_share() -> None:
+    # vLLM writes the engines' summed num_gpu_blocks on every engine's row
+    rows = "".join(
+        f'vllm:cache_config_info{{block_size="16",enable_prefix_caching="True",engine="{e}",'
+        f'num_gpu_blocks="201",prefix_caching_hash_algo="sha256"}} 1.0\n'
+        for e in ("0", "1")
+    )
+    config = parse_vllm_metrics("# TYPE vllm:cache_config_info gauge\n" + rows).cache_config
+    assert config is not None
+    assert config.num_gpu_blocks == 201 and config.engines == 2
+    assert config.usable_blocks_per_engine == 99

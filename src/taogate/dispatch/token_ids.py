@@ -9,41 +9,75 @@ beside it), the ids are made as vLLM makes them:
   strings, then encoded *without* special tokens (the template writes BOS itself);
 * completions: a string prompt encoded *with* special tokens; a list of ids as it is.
 
-Anything else (batches, images, a template that fails) gives no ids: those requests are dispatched
-by the approximate cache model. ``PromptBlocks`` turns the ids into vLLM's block hashes per block
-size, once each, and only the blocks a hit can cover (never the last token).
+Anything else (batches, images, a template that fails, and fields that change vLLM's prompt in ways
+not reproduced here: ``UNREPRODUCED``) gives no ids: those requests are dispatched by the
+approximate cache model.
+
+Bounded: only a prefix worth steering is encoded and hashed, at most ``max_tokens`` (the caller's
+cap). The text is cut to ``CHARS_PER_TOKEN`` characters per token wanted before it is encoded and
+the last ``CUT_MARGIN`` tokens before the cut are dropped (a cut word encodes differently), so the
+ids kept are the full prompt's; dense text yields fewer, never wrong ones. ``PromptBlocks`` keeps
+only the block hashes for the block sizes in use, not the ids.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .blocks import block_hashes, max_hit_blocks
 from .tokens import TokenizerUnavailable, route_kind
 
-__all__ = ["PromptBlocks", "PromptTokenizer", "load_prompt_tokenizer"]
+__all__ = ["MAX_PREFIX_TOKENS", "UNREPRODUCED", "PromptBlocks", "PromptTokenizer", "load_prompt_tokenizer"]
+
+#: The longest prefix hashed for a lookup. Encoding and hashing run per request on the event loop
+#: (large bodies in a thread) and grow with it; past it the approximate model still counts the
+#: rest of a shared prefix (``InstanceCache.hit`` takes the larger), and the instance with the
+#: most of its first blocks is the one with the most of it in practice.
+MAX_PREFIX_TOKENS: Final = 32_768
+#: Characters of text encoded per token wanted: about what English averages.
+CHARS_PER_TOKEN: Final = 4
+#: Tokens dropped before a cut: the cut word, and a pre-tokenizer's look-ahead across it.
+CUT_MARGIN: Final = 64
+
+#: Request fields with which vLLM builds another prompt (or other hashes) than we would: a value
+#: other than the default means no ids. ``add_generation_prompt`` is checked apart (True default).
+UNREPRODUCED: Final = {
+    "chat": (
+        "chat_template",
+        "chat_template_kwargs",
+        "continue_final_message",
+        "documents",
+        "reasoning_effort",
+        "add_special_tokens",
+        "truncate_prompt_tokens",
+        "cache_salt",
+        "mm_processor_kwargs",
+    ),
+    "completions": ("truncate_prompt_tokens", "cache_salt", "prompt_embeds"),
+}
 
 
 class PromptBlocks:
-    """One prompt's token ids and their block hashes (computed on first use per block size)."""
+    """One prompt's block hashes per block size in use (its ids are not kept)."""
 
-    __slots__ = ("_hashes", "ids")
+    __slots__ = ("_hashes",)
 
-    def __init__(self, ids: Sequence[int]) -> None:
-        self.ids = list(ids)
-        self._hashes: dict[int, list[int]] = {}
+    def __init__(self, ids: Sequence[int], block_sizes: Iterable[int], *, whole: bool = True) -> None:
+        """``whole``: ``ids`` is the entire prompt (its last token never hits), not a prefix of it."""
+        hashes: dict[int, list[int]] = {}
+        for size in block_sizes:
+            n = max_hit_blocks(len(ids), size) if whole else len(ids) // size
+            hashes[size] = block_hashes(ids[: n * size], size)
+        self._hashes = hashes
 
     def hashes(self, block_size: int) -> list[int]:
-        found = self._hashes.get(block_size)
-        if found is None:
-            n = max_hit_blocks(len(self.ids), block_size)
-            found = self._hashes[block_size] = block_hashes(self.ids[: n * block_size], block_size)
-        return found
+        """The hashes for ``block_size`` (none when it was not in use as the request came in)."""
+        return self._hashes.get(block_size, [])
 
 
 def _raise(message: str) -> None:
@@ -68,45 +102,61 @@ class PromptTokenizer:
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._template = env.from_string(template)
 
-    def ids(self, route: str, body: Mapping[str, Any]) -> list[int] | None:
+    def ids(self, route: str, body: Mapping[str, Any], max_tokens: int | None = None) -> list[int] | None:
+        """The prompt's token ids, or its first ``max_tokens`` or fewer when it is longer."""
+        found = self._ids(route, body, max_tokens)
+        return found[0] if found is not None else None
+
+    def _ids(self, route: str, body: Mapping[str, Any], cap: int | None) -> tuple[list[int], bool] | None:
+        """(ids, whole): ``whole`` False when they are a prefix of the prompt."""
         kind = route_kind(route)
+        if kind not in UNREPRODUCED or any(body.get(k) not in (None, False, {}) for k in UNREPRODUCED[kind]):
+            return None
         try:
             if kind == "chat":
-                return self._chat(body)
-            if kind == "completions":
-                return self._completion(body.get("prompt"))
+                if body.get("add_generation_prompt", True) is not True:
+                    return None
+                return self._chat(body, cap)
+            return self._completion(body.get("prompt"), cap)
         except Exception:  # a template or an odd body: no precise score for this request
             return None
-        return None
 
-    def blocks(self, route: str, body: Mapping[str, Any]) -> PromptBlocks | None:
-        ids = self.ids(route, body)
-        return PromptBlocks(ids) if ids else None
+    def blocks(
+        self, route: str, body: Mapping[str, Any], block_sizes: Iterable[int], max_tokens: int | None = None
+    ) -> PromptBlocks | None:
+        """The hashes for ``block_sizes`` of the prompt's first ``max_tokens`` tokens at most."""
+        found = self._ids(route, body, max_tokens)
+        return PromptBlocks(found[0], block_sizes, whole=found[1]) if found and found[0] else None
 
-    def _chat(self, body: Mapping[str, Any]) -> list[int] | None:
+    def _encode(self, text: str, special: bool, cap: int | None) -> tuple[list[int], bool]:
+        if cap is None or len(text) <= cap * CHARS_PER_TOKEN:
+            ids: list[int] = self._tok.encode(text, add_special_tokens=special).ids
+            return (ids, True) if cap is None or len(ids) <= cap else (ids[:cap], False)
+        ids = self._tok.encode(text[: cap * CHARS_PER_TOKEN], add_special_tokens=special).ids
+        return ids[: min(cap, max(0, len(ids) - CUT_MARGIN))], False
+
+    def _chat(self, body: Mapping[str, Any], cap: int | None) -> tuple[list[int], bool] | None:
         messages = body.get("messages")
         if self._template is None or not isinstance(messages, list):
             return None
         kwargs: dict[str, Any] = {
             "messages": [_normalised(m) for m in messages],
-            "add_generation_prompt": body.get("add_generation_prompt", True),
+            "add_generation_prompt": True,
             **self._special,
         }
         if body.get("tools"):
             kwargs["tools"] = body["tools"]
-        extra = body.get("chat_template_kwargs")
-        if isinstance(extra, Mapping):
-            kwargs.update(extra)
-        text = self._template.render(**kwargs)
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return self._encode(self._template.render(**kwargs), False, cap)
 
-    def _completion(self, prompt: object) -> list[int] | None:
+    def _completion(self, prompt: object, cap: int | None) -> tuple[list[int], bool] | None:
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return list(self._tok.encode(prompt, add_special_tokens=True).ids)
-        if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
-            return list(prompt)
+            return self._encode(prompt, True, cap)
+        if isinstance(prompt, list) and prompt:
+            head = prompt if cap is None else prompt[:cap]
+            if all(type(x) is int for x in head):
+                return list(head), len(head) == len(prompt)
         return None
 
 

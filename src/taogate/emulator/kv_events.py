@@ -4,7 +4,7 @@ One engine step that cached or evicted anything becomes one batch, sent as three
 
     [topic (utf-8), sequence (8 bytes, big-endian, from 0 per start), msgpack [ts, [event, ...], 0]]
 
-each event a map whose first key is ``type`` (``kv_cache.block_stored`` / ``block_removed``), as
+each event a map whose first key is ``type`` (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``), as
 vLLM's msgspec encoder writes them (plain msgpack over insertion-ordered dicts gives the same bytes).
 The PUB socket binds a wildcard, ``::`` or ipc/inproc endpoint and connects to any other, as vLLM's
 publisher does (then the subscriber binds). With ``replay`` a ROUTER socket (always bound) answers

@@ -44,7 +44,7 @@ class InstanceCache:
         key, prefix, prompt = req.prefix_key, req.prefix_tokens, req.prompt_tokens
         index = self.index
         blocks = req.blocks
-        if index is None or blocks is None or index.matches is False:
+        if index is None or blocks is None or not index.usable:
             return model.expected_hit(key, prefix, prompt)
         bs = index.block_size
         precise = float(index.cached_run(blocks.hashes(bs)) * bs)
@@ -69,15 +69,26 @@ class InstanceCache:
         self.config = config
         self.model.configure(config.usable_blocks, config.block_size)
         if self.index is not None:
-            self.index.configure(config.usable_blocks, config.block_size)
+            self._configure_index(self.index, config)
+
+    def _configure_index(self, index: KvIndex, config: CacheConfig) -> None:
+        # One publisher is one data-parallel rank (the first): its share of the blocks. Another
+        # hash algorithm turns the index off (``index.off``; the subscriber logs it).
+        index.configure(config.usable_blocks_per_engine, config.block_size, config.hash_algo)
 
     def enable_index(self) -> KvIndex:
         """Start indexing KV events (the subscriber feeds it)."""
         if self.index is None:
             config = self.config
-            capacity = config.usable_blocks if config else self.model.capacity
-            self.index = KvIndex(capacity, config.block_size if config else self.model.block_size)
+            index = KvIndex(self.model.capacity, self.model.block_size)
+            if config is not None:
+                self._configure_index(index, config)
+            self.index = index
         return self.index
+
+    def disable_index(self) -> None:
+        """The subscription stopped (deliberately or not): dispatch uses the model alone again."""
+        self.index = None
 
     def dispatched(self, req: RequestFacts) -> Ticket:
         out = req.max_tokens if req.max_tokens is not None else 16

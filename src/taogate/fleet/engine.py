@@ -125,10 +125,16 @@ class CacheConfig:
     block_size: int
     prefix_caching: bool
     hash_algo: str | None = None
+    engines: int = 1  # data-parallel engines sharing these blocks
 
     @property
     def usable_blocks(self) -> int:
         return max(0, self.num_gpu_blocks - 1)
+
+    @property
+    def usable_blocks_per_engine(self) -> int:
+        """One engine's share: what one KV-events publisher (one rank) can hold."""
+        return max(0, self.num_gpu_blocks // max(1, self.engines) - 1)
 
 
 def _cache_config(labels: dict[str, str]) -> CacheConfig | None:
@@ -238,12 +244,14 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
 
 
 def _merge_configs(configs: list[CacheConfig]) -> CacheConfig | None:
-    """One instance's cache over its data-parallel engines: their blocks summed."""
+    """One instance's cache over its data-parallel engines. vLLM's API process sums the engines'
+    ``num_gpu_blocks`` at their handshake and writes that total on every engine's row, so the
+    rows are not summed again; their count is the number of engines."""
     if not configs:
         return None
     first = configs[0]
-    blocks = sum(c.num_gpu_blocks for c in configs)
-    return CacheConfig(blocks, first.block_size, first.prefix_caching, first.hash_algo)
+    blocks = max(c.num_gpu_blocks for c in configs)
+    return CacheConfig(blocks, first.block_size, first.prefix_caching, first.hash_algo, len(configs))
 
 
 def _first(values: dict[str, float], names: Iterable[str]) -> float | None:

@@ -10,13 +10,20 @@ at the first miss.
 Bounded: at most ``capacity`` hashes (the instance's usable blocks); past it, because removals
 were lost, the entries stored longest ago go first.
 
-Trust. Batches carry a sequence number from 0 per engine start. One that goes down is a restart
-(the engine's cache is empty: start over). One that skips lost batches: the index may hold blocks
-that are gone and lack ones that are there, so it is ``trusted`` no longer; dispatch then uses
-the approximate model until a replay fills the gap, or, after starting over, until the engine has
-stored as many blocks as it holds (a full turnover: everything it holds was seen since).
-The first stored root block is checked against our own hash of its tokens: a server with another
-hash function or seed never matches a request's hashes, and precise mode is off for it.
+Trust. Batches carry a sequence number from 0 per engine start. A batch numbered 0 below the one
+expected is a restart (the engine's cache is empty: start over, complete from here). Any other
+number below it is stale (a batch a replay already applied, still queued on the socket) and is
+ignored, unless it is stamped later than the last batch applied: then the engine restarted and we
+missed its first batches (start over, not complete). One that skips lost batches: the index may
+hold blocks that are gone and lack ones that are there, so it is ``trusted`` no longer; dispatch
+then uses the approximate model until a replay fills the gap, or, after starting over, until the
+engine has stored as many blocks as it holds (a full turnover: everything it holds was seen since).
+
+Only the GPU prefix cache of the first KV-cache group is indexed: events about offloaded copies
+(``medium`` other than ``GPU``) or other groups (hybrid models) describe blocks a request's lookup
+does not find. The first stored root block is checked against our own hash of its tokens: a
+server with another hash function or seed never matches a request's hashes, and precise mode is
+off for it (``off`` says why), as it is when the server says it hashes with another algorithm.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ _LOW64: Final = (1 << 64) - 1
 
 Outcome = Literal["ok", "gap", "restart", "stale"]
 
+#: The hash function whose chain ``dispatch.blocks`` reproduces (vLLM's default).
+HASH_ALGO: Final = "sha256"
+
 
 def _wire(value: object) -> int | None:
     """A block hash as published: a uint64, or (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) 32 bytes."""
@@ -41,6 +51,13 @@ def _wire(value: object) -> int | None:
     if isinstance(value, bytes):
         return int.from_bytes(value, "big") & _LOW64
     return None
+
+
+def _gpu_prefix_cache(event: Mapping[str, Any]) -> bool:
+    """The event is about the GPU prefix cache of the first KV-cache group, the one we index."""
+    medium = event.get("medium")
+    group = event.get("group_idx")
+    return (medium is None or medium == "GPU") and (group is None or group == 0)
 
 
 class KvIndex:
@@ -53,22 +70,29 @@ class KvIndex:
         self.next_seq: int | None = None  # the sequence number expected next
         self.trusted = False  # complete as far as we know: dispatch may use it
         self.matches: bool | None = None  # our hashes are the engine's (None: not checked yet)
+        self.off: str | None = None  # why our hashes cannot name its blocks (precise mode off)
         self._seen_since_clear = 0  # blocks stored since the last start-over
         self._was_trusted = False  # before the last gap
-        self.gaps = 0
-        self.restarts = 0
+        self._last_ts: float | None = None  # the stamp of the last batch applied
+        self.gaps = 0  # lost batches seen while trusted (a metric)
+        self.restarts = 0  # engine restarts seen (a metric)
 
     def __len__(self) -> int:
         return len(self._refs)
 
     @property
     def usable(self) -> bool:
-        return self.trusted and self.matches is not False
+        """A request's own hashes can be looked up here (the index may still be incomplete)."""
+        return self.matches is not False and self.off is None
 
-    def configure(self, capacity: int, block_size: int) -> None:
+    def configure(self, capacity: int, block_size: int, hash_algo: str | None = None) -> None:
         if block_size != self.block_size:
             self.clear()
         self.capacity, self.block_size = max(1, capacity), max(1, block_size)
+        if hash_algo is not None and hash_algo != HASH_ALGO:
+            self.off = f"it hashes blocks with {hash_algo!r}, not {HASH_ALGO!r}"
+        elif self.off is not None and self.matches is not False:
+            self.off = None  # it said another algorithm before; now ours
         self._trim()
 
     def clear(self) -> None:
@@ -87,21 +111,24 @@ class KvIndex:
         return n
 
     # -- batches ---------------------------------------------------------------------------------
-    def check(self, seq: int) -> Outcome:
-        """What ``seq`` says about the stream before its batch is applied."""
+    def check(self, seq: int, ts: float | None = None) -> Outcome:
+        """What ``seq`` (stamped ``ts``) says about the stream before its batch is applied."""
         expected = self.next_seq
         if expected is None or seq == expected:
             return "ok"
         if seq < expected:
-            return "restart" if seq == 0 or seq < expected - 1 else "stale"
+            if seq == 0:
+                return "restart"
+            last = self._last_ts
+            return "restart" if ts is not None and last is not None and ts > last else "stale"
         return "gap"
 
-    def apply(self, seq: int, events: Iterable[object]) -> Outcome:
-        """Apply one batch in sequence. After a gap nothing is applied and the index is untrusted:
-        the caller replays from ``next_seq`` (then ``replayed``) or calls ``start_over`` and
-        applies the batch as the first one."""
-        outcome = self.check(seq)
-        if outcome == "stale":  # a replayed batch we already have
+    def apply(self, seq: int, events: Iterable[object], ts: float | None = None) -> Outcome:
+        """Apply one batch (stamped ``ts``, the engine's wall clock) in sequence. After a gap nothing
+        is applied and the index is untrusted: the caller replays from ``next_seq`` (then
+        ``replayed``) or calls ``start_over`` and applies the batch as the first one."""
+        outcome = self.check(seq, ts)
+        if outcome == "stale":  # a batch a replay already applied
             return outcome
         if outcome == "gap":
             if self.trusted:
@@ -112,13 +139,17 @@ class KvIndex:
         if outcome == "restart":
             self.restarts += 1
             self.clear()
-            self.trusted = True  # a fresh engine's cache is empty: the index is complete from here
+            # A fresh engine's cache is empty: complete from its first batch on; joined later, the
+            # batches before this one are unknown, complete only after a full turnover.
+            self.trusted = seq == 0
         elif self.next_seq is None:
             # The first batch we see: unless it is the engine's first (we were there from its
             # start), blocks stored before we subscribed are unknown; complete only once it has
             # stored as much as it holds since.
             self.trusted = seq == 0
         self.next_seq = seq + 1
+        if ts is not None:
+            self._last_ts = ts
         for event in events:
             if isinstance(event, Mapping):
                 self._event(event)
@@ -139,6 +170,8 @@ class KvIndex:
     # -- events ----------------------------------------------------------------------------------
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
+        if kind != "AllBlocksCleared" and not _gpu_prefix_cache(event):
+            return
         if kind == "BlockStored":
             self._stored(event)
         elif kind == "BlockRemoved":
@@ -164,6 +197,8 @@ class KvIndex:
             tokens = event.get("token_ids")
             if isinstance(tokens, list) and not (event.get("extra_keys") or [None])[0]:
                 self.matches = block_hashes(tokens[: self.block_size], self.block_size)[:1] == hashes[:1]
+                if not self.matches:
+                    self.off = "its first root block's hash is not ours (another hash seed or function)"
         refs = self._refs
         for h in hashes:
             refs[h] = refs.get(h, 0) + 1

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from taogate.fleet.engine import hit_rate
@@ -243,4 +243,39 @@ class FleetCollector(Collector):
         queue.add_metric([], self._dispatcher.queued)
         yield from (inflight, cap, prefill, up, available, breaker, draining, speed, rel, slow)
         yield from (waiting, running, kv, hits, age, took, stale)
+        yield from _kv_index_families(fleet)
         yield queue
+
+
+def _kv_index_families(fleet: Fleet) -> Iterable[Metric]:
+    """Precise mode's state per instance that indexes KV events (the counts restart with the
+    subscription)."""
+    labels = ["instance"]
+    gaps = CounterMetricFamily(
+        "taogate_kv_events_gaps", "KV-event batches found missing while the index was trusted.", labels=labels
+    )
+    restarts = CounterMetricFamily(
+        "taogate_kv_events_restarts", "Engine restarts seen in the KV events' sequence.", labels=labels
+    )
+    trusted = GaugeMetricFamily(
+        "taogate_kv_index_trusted",
+        "1 while the KV-event index is complete (precise hits used).",
+        labels=labels,
+    )
+    usable = GaugeMetricFamily(
+        "taogate_kv_index_usable", "1 while requests' block hashes match the instance's.", labels=labels
+    )
+    blocks = GaugeMetricFamily(
+        "taogate_kv_index_blocks", "Block hashes in the KV-event index.", labels=labels
+    )
+    for inst in fleet:
+        index = inst.cache.index
+        if index is None:
+            continue
+        n = [inst.name]
+        gaps.add_metric(n, index.gaps)
+        restarts.add_metric(n, index.restarts)
+        trusted.add_metric(n, 1.0 if index.trusted else 0.0)
+        usable.add_metric(n, 1.0 if index.usable else 0.0)
+        blocks.add_metric(n, len(index))
+    yield from (gaps, restarts, trusted, usable, blocks)

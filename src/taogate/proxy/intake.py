@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,13 @@ class Incoming:
     upload: StreamedBody | None = None  # a body streamed upstream as it arrives
 
 
+#: Bodies above this are tokenized and hashed (precise mode) in a thread, off the event loop.
+THREAD_BYTES = 16 << 10
+
+#: (block sizes of the KV-event indexes in use, tokens worth hashing): see ``Gateway._precise_scope``.
+PreciseScope = Callable[[], tuple[tuple[int, ...], int]]
+
+
 class Intake:
     """Reads a request's body and facts under the settings in force (``configure`` on reload)."""
 
@@ -176,12 +184,14 @@ class Intake:
         exact: ExactCounter | None,
         *,
         blocks: PromptTokenizer | None = None,
+        scope: PreciseScope | None = None,
     ) -> None:
         self._settings = settings
         self.tokens = tokens
         self._exact = exact
         self._deadlines = Deadlines()  # the body reads'
         self._blocks = blocks  # precise prefix-cache dispatch: the request's own token ids
+        self._scope = scope
 
     def configure(self, settings: Settings) -> None:
         self._settings = settings
@@ -208,8 +218,14 @@ class Intake:
         facts, size = request_facts(
             route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact, priority=priority
         )
-        if self._blocks is not None and facts.prefix_key is not None:  # precise mode's hook
-            facts.blocks = self._blocks.blocks(route.kind, payload)  # vLLM's block hashes of the prompt
+        if self._blocks is not None and self._scope is not None and facts.prefix_key is not None:
+            sizes, cap = self._scope()  # precise mode's hook: vLLM's block hashes of the prompt
+            if sizes:
+                make = self._blocks.blocks
+                if len(body) > THREAD_BYTES:
+                    facts.blocks = await asyncio.to_thread(make, route.kind, payload, sizes, cap)
+                else:
+                    facts.blocks = make(route.kind, payload, sizes, cap)
         return Incoming(body, model, facts, size, self._tag(headers, facts.long), payload, tell)
 
     @staticmethod
