@@ -1,13 +1,10 @@
-"""Warm-up: small and medium prefills on an instance as it comes up, before it has served anything,
-so dispatch knows its speed from the first real request.
+"""Warm-up: one small and one medium prefill on an instance as it comes up, before it has served
+anything, so dispatch knows its speed from the first real request.
 
 Without it, a fleet's first burst is dispatched knowing nothing, and a slow card takes its share of
-that burst before its first answer comes back. It costs each instance four prompts behind unique
-salts (nothing is cached), a tiny one and one of ``warmup_tokens`` words (fewer if the model's
-context is short), twice, each with a one-token answer: one pair alone could mistake a stall of a
-busy host for a slow card, and flag one of two identical cards; two pairs halve that noise, and a
-card really several times slower is still flagged from them. ``[dispatch] warmup_tokens = 0``
-turns it off. An instance
+that burst before its first answer comes back. It costs each instance two prompts behind a unique
+salt (nothing is cached), a tiny one and one of ``warmup_tokens`` words (fewer if the model's context
+is short), each with a one-token answer; ``[dispatch] warmup_tokens = 0`` turns it off. An instance
 that refuses it (vLLM wants ``Content-Type: application/json``; a chat-only model has no completions)
 is said so in the log: dispatch then learns its speed from traffic alone.
 """
@@ -60,7 +57,7 @@ class Warmup:
         context = inst.model_cards.get(model, {}).get("max_model_len")
         if isinstance(context, int) and context > 0:
             tokens = max(8, min(tokens, context // _TOKENS_PER_WORD))
-        for words in (8, tokens, 8, tokens):  # small ones: mostly fixed latency; large ones: mostly prefill
+        for words in (8, tokens):  # the small one is mostly fixed latency, the large one mostly prefill
             got = await self._one(inst, model, words, settings.gateway.request_timeout)
             if got is None:
                 return
