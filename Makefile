@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dispatch.py
 	$(BIN)/python benchmarks/soak.py
 	$(BIN)/python benchmarks/hostile.py
+	$(BIN)/python benchmarks/diagnose_runs.py
 	$(BIN)/python benchmarks/emulator_figures.py
 
 # Regenerate the pinned versions after changing dependencies in pyproject.toml.
