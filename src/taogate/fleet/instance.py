@@ -211,9 +211,10 @@ class Instance:
         uncached_ratio: float = 1.0,
         cache: bool = False,
     ) -> InstanceView:
-        """This instance as dispatch sees it now; the last scrape counts while younger than
-        ``stale_after_s`` (its EngineStats is built once per scrape, not per view). With ``cache``
-        (prefix affinity on) the view carries the instance's cache and the work booked there."""
+        """This instance as dispatch sees it now; the engine's stats count while younger than
+        ``stale_after_s`` (``engine_stats``: built once per scrape or load report, not per view).
+        With ``cache`` (prefix affinity on) the view carries the instance's cache and the work
+        booked there."""
         self._stale_after = stale_after_s
         engine = self.engine_stats(now)
         spec = self.spec
