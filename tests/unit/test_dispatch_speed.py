@@ -304,3 +304,15 @@ def test_decode_pace_before_any_sample_follows_the_fixed_latency() -> None:
         for name, base in (("a", 0.05), ("b", 0.05), ("c", 0.01)):
             quick.observe_first_token(name, ttft=base, ahead_tokens=0, uncached_tokens=10)
     assert quick.decode_seconds_per_token("c") == pytest.approx(0.02)  # never scaled down
+
+
+def test_one_stalled_first_answer_does_not_make_a_newcomer_look_slow() -> None:
+    est = SpeedEstimator(10_000.0, rebuild_every=0)
+    for _ in range(5):
+        for name in ("a", "b"):
+            est.observe_first_token(name, ttft=0.005, ahead_tokens=0, uncached_tokens=8, exact=True)
+    est.observe_first_token("new", ttft=0.2, ahead_tokens=0, uncached_tokens=8, exact=True)  # a stall
+    assert est.params("new")[1] <= est.params("a")[1] * 1.01  # it gets traffic, and learns from it
+    for _ in range(3):
+        est.observe_first_token("new", ttft=0.2, ahead_tokens=0, uncached_tokens=8, exact=True)
+    assert est.params("new")[1] > 0.1  # three samples say it: its fixed latency counts

@@ -59,6 +59,15 @@ def _median_without(ordered: list[float], i: int) -> float:
     return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
 
 
+def _dispatch_base(state: State, fleet_median: float) -> float:
+    """The fixed latency dispatch assumes for an instance. Until it has a few samples of its own,
+    it counts no higher than the fleet's: one stalled first answer must not make an instance look
+    slow for good, since an instance dispatch avoids teaches nothing more."""
+    if state.base_n >= _MIN_BASE_SAMPLES:
+        return state.base
+    return min(state.base, fleet_median) if state.base_n else fleet_median
+
+
 class SpeedEstimator:
     """Learned prefill speed per instance name. Not thread-safe; the gateway's event loop owns it."""
 
@@ -175,7 +184,7 @@ class SpeedEstimator:
         self._params = {
             name: (
                 speeds[name],
-                st.base if st.base_n > 0 else base_median,
+                _dispatch_base(st, base_median),
                 st.tpot if st.tpot_n > 0 else self._unknown_tpot(name, st, tpot_median),
             )
             for name, st in self._states.items()
