@@ -28,6 +28,7 @@ import asyncio
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -107,17 +108,24 @@ _on_header = HttpToolsProtocol.on_header
 
 class _CycleTransport:
     """What one request's cycle writes to: the connection's transport, whose ``close`` lingers
-    while the request body is still coming (uvicorn's cycle only writes, asks and closes)."""
+    while the request body is still coming (uvicorn's cycle only writes, asks and closes).
+
+    It holds the protocol weakly: the protocol holds the cycle, and a strong reference back would
+    make every connection a reference cycle, freed only by a full collection, so a burst of
+    connections would stay in memory long after it closed. Once the connection is gone (the
+    protocol with it), a close has nothing left to do."""
 
     __slots__ = ("_protocol", "is_closing", "write")
 
     def __init__(self, protocol: LimitedProtocol) -> None:
-        self._protocol = protocol
+        self._protocol = weakref.ref(protocol)
         self.write = protocol.transport.write
         self.is_closing = protocol.transport.is_closing
 
     def close(self) -> None:
-        self._protocol._close_after_response()
+        protocol = self._protocol()
+        if protocol is not None:
+            protocol._close_after_response()
 
 
 class LimitedProtocol(HttpToolsProtocol):

@@ -195,7 +195,8 @@ class Connection(asyncio.Protocol):
         self.origin = origin
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        # The parser holds our callbacks, so this is a reference cycle until connection_lost drops it.
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.response: Response | None = None
         self.counted = True  # holds one of the pool's connection slots
         self.closed = False
@@ -215,15 +216,15 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio subclasses
 
     def data_received(self, data: bytes) -> None:
-        r = self.response
-        if r is None:  # bytes nobody asked for: this connection's framing can no longer be trusted
+        r, parser = self.response, self.parser
+        if r is None or parser is None:  # bytes nobody asked for: the framing can't be trusted
             self.abort()
             return
         self.last_read = self.loop.time()
         r.received = True
         self._progress = False
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._refuse(r, "answered 101 Switching Protocols (upgrades are not proxied)")
             return
@@ -251,6 +252,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.parser = None  # the cycle through its callbacks: refcounting frees this connection now
         self._cancel_timer()
         self.pool._forget(self)
         r = self.response
@@ -286,7 +288,9 @@ class Connection(asyncio.Protocol):
         r = self.response
         assert r is not None
         self._progress = True
-        status = self.parser.get_status_code()
+        parser = self.parser
+        assert parser is not None  # called from feed_data, before any connection_lost
+        status = parser.get_status_code()
         if self._extra:
             return
         if 100 <= status < 200:
@@ -297,7 +301,7 @@ class Connection(asyncio.Protocol):
             r.raw_headers.clear()
             return
         r.status_code = status
-        r.keep_alive = self.parser.should_keep_alive()
+        r.keep_alive = parser.should_keep_alive()
         r.headers_done = True
         r.deadline = None  # the head is in; the body's own deadline, if any, is the reader's
         r._wake()
@@ -324,8 +328,10 @@ class Connection(asyncio.Protocol):
             return
         if self._extra:
             return
+        parser = self.parser
+        assert parser is not None  # called from feed_data, before any connection_lost
         r.complete = True
-        r.keep_alive = r.keep_alive and self.parser.should_keep_alive()
+        r.keep_alive = r.keep_alive and parser.should_keep_alive()
         self._cancel_timer()
         r._wake()
 
