@@ -3,12 +3,12 @@ and sends a prompt where its blocks really are, even blocks it never sent there 
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
 
+from taogate.bench.procs import free_port
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.fleet.kv_index import KvIndex
@@ -19,13 +19,6 @@ from .dispatch_helpers import MODEL, client, serve_gateway, settings_for
 pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 tokenizers = pytest.importorskip("tokenizers")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _tokenizer(tmp: Path) -> Path:
@@ -39,7 +32,7 @@ def _tokenizer(tmp: Path) -> Path:
 
 
 async def test_prompts_follow_the_blocks_instances_really_hold(tmp_path: Path) -> None:
-    endpoints = [f"tcp://127.0.0.1:{_port()}" for _ in range(2)]
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     configs = [
         EmulatorConfig(
             seed=i, enable_prefix_caching=True, enable_prompt_tokens_details=True, kv_events_endpoint=e

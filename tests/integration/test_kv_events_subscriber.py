@@ -12,6 +12,7 @@ import socket
 
 import pytest
 
+from taogate.bench.procs import free_port
 from taogate.dispatch.blocks import block_hashes
 from taogate.emulator.kv_cache import block_stored
 from taogate.emulator.kv_events import KvEventPublisher
@@ -24,13 +25,6 @@ from taogate.control.kv_events import BIND_BACKOFF, KvEventsSubscriber
 
 TOKENS = list(range(64))
 HASHES = block_hashes(TOKENS, 16)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _instance(kv_events: str, replay: str | None = None) -> Instance:
@@ -57,7 +51,7 @@ async def _until_seen(publisher: KvEventPublisher, inst: Instance, i: int = 0) -
 async def test_a_wildcard_publisher_is_reached_on_the_instance_host_and_bad_batches_are_survived(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    port = _port()
+    port = free_port()
     publisher = KvEventPublisher(f"tcp://*:{port}")  # vLLM's default form: it binds
     inst = _instance(f"tcp://*:{port}")
     subscriber = KvEventsSubscriber([inst])
@@ -82,7 +76,7 @@ async def test_a_wildcard_publisher_is_reached_on_the_instance_host_and_bad_batc
 
 @pytest.mark.timeout(20)
 async def test_a_subscription_that_fails_takes_its_index_with_it(caplog: pytest.LogCaptureFixture) -> None:
-    endpoint = f"tcp://127.0.0.1:{_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     inst = _instance(endpoint)
     subscriber = KvEventsSubscriber([inst])
     publisher = KvEventPublisher(endpoint)  # vLLM's form for an address: it connects, we bind
@@ -108,7 +102,7 @@ async def test_a_subscription_that_fails_takes_its_index_with_it(caplog: pytest.
 
 @pytest.mark.timeout(30)
 async def test_re_subscribing_on_the_same_port_and_unsubscribing() -> None:
-    endpoint = f"tcp://127.0.0.1:{_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     inst = _instance(endpoint)
     subscriber = KvEventsSubscriber([inst])
     publisher = KvEventPublisher(endpoint)
@@ -117,7 +111,7 @@ async def test_re_subscribing_on_the_same_port_and_unsubscribing() -> None:
         await _until_seen(publisher, inst)
         first = inst.cache.index
         # only the replay endpoint changes: the same port is bound again at once
-        inst.spec = dataclasses.replace(inst.spec, kv_events_replay=f"tcp://127.0.0.1:{_port()}")
+        inst.spec = dataclasses.replace(inst.spec, kv_events_replay=f"tcp://127.0.0.1:{free_port()}")
         subscriber.sync()
         await wait_until(lambda: inst.cache.index not in (None, first), what="subscribed again")
         await _until_seen(publisher, inst, 1)
@@ -133,7 +127,7 @@ async def test_re_subscribing_on_the_same_port_and_unsubscribing() -> None:
 
 @pytest.mark.timeout(30)
 async def test_a_bind_that_failed_is_retried_at_the_next_sync() -> None:
-    port = _port()
+    port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     inst = _instance(endpoint)
     subscriber = KvEventsSubscriber([inst])
@@ -154,7 +148,7 @@ async def test_a_bind_that_failed_is_retried_at_the_next_sync() -> None:
 
 
 async def test_kv_events_without_a_tokenizer_subscribe_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    inst = _instance(f"tcp://127.0.0.1:{_port()}")
+    inst = _instance(f"tcp://127.0.0.1:{free_port()}")
     subscriber = KvEventsSubscriber([inst], precise=False)
     subscriber.sync()
     subscriber.sync()

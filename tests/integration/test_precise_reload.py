@@ -5,12 +5,12 @@ the index goes with it."""
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from taogate.bench.procs import free_port
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.proxy.routes import ROUTES
@@ -22,13 +22,6 @@ pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 pytest.importorskip("jinja2")
 tokenizers = pytest.importorskip("tokenizers")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _tokenizer(tmp: Path) -> Path:
@@ -57,7 +50,7 @@ async def _facts_blocks(gateway: Any, prompt: list[int]) -> Any:
 
 @pytest.mark.timeout(30)
 async def test_kv_events_added_by_a_reload_are_used(tmp_path: Path) -> None:
-    endpoint = f"tcp://127.0.0.1:{_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = EmulatorConfig(enable_prefix_caching=True, kv_events_endpoint=endpoint)
     async with run_fleet([config]) as fleet:
         settings = settings_for(
