@@ -6,6 +6,8 @@ whole answer is held until its end and sent with its new length, an error status
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from starlette.types import Message, Send
 
 from taogate.emulator.asgi import send_bytes
@@ -13,7 +15,7 @@ from taogate.emulator.asgi import send_bytes
 __all__ = ["Rewrite"]
 
 
-class Rewrite:
+class Rewrite(ABC):
     """Subclasses say what a stream's chat events, a whole chat answer and an error become."""
 
     def __init__(self, send: Send, stream: bool) -> None:
@@ -23,11 +25,13 @@ class Rewrite:
         self._headers: list[tuple[bytes, bytes]] = []
         self._held: list[bytes] = []
 
+    @abstractmethod
     def events(self, body: bytes) -> list[bytes]:
-        raise NotImplementedError
+        """A stream's body message of chat SSE events, as the other API's events."""
 
+    @abstractmethod
     def whole(self, body: bytes) -> bytes:
-        raise NotImplementedError
+        """A whole chat answer, as the other API's."""
 
     def error(self, status: int, body: bytes) -> bytes:
         return body
