@@ -4,6 +4,7 @@ back (the gateway's admin rows, vLLM's own /metrics)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 from collections import Counter
@@ -137,3 +138,33 @@ async def engine_metrics(http: httpx.AsyncClient, server: VllmServer) -> EngineS
 
 async def running(http: httpx.AsyncClient, server: VllmServer) -> float:
     return (await engine_metrics(http, server)).running or 0.0
+
+
+@asynccontextmanager
+async def keep_busy(
+    http: httpx.AsyncClient, server: VllmServer, *, stream: bool = True
+) -> AsyncIterator[None]:
+    """One long answer always running on ``server``, straight to it (past any gateway): a new one
+    starts whenever the last has ended, until the block exits. A check that needs the card busy at the
+    moment it looks does not depend on how fast this machine decodes ``LONG_GENERATION``."""
+    body = {**LONG_GENERATION, "stream": stream}
+
+    async def one() -> None:
+        if stream:  # read to the end: vLLM frees the slot when the answer is done, not when read
+            async with http.stream("POST", server.url + "/v1/completions", json=body) as r:
+                async for _ in r.aiter_raw():
+                    pass
+        else:
+            await http.post(server.url + "/v1/completions", json=body)
+
+    async def forever() -> None:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                await one()
+
+    task = asyncio.ensure_future(forever())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -19,6 +19,7 @@ from tests.real.gateway import (
     LONG_GENERATION,
     admin_rows,
     engine_metrics,
+    keep_busy,
     real_gateway,
     running,
     sdk,
@@ -184,34 +185,31 @@ async def test_a_client_that_leaves_frees_the_running_slot(vllm_pair: Pair, stre
 
 
 async def test_admin_rows_show_what_vllm_reports(vllm_pair: Pair) -> None:
-    # The slow card decodes slowly enough that its long answer runs across several scrapes (the fast
-    # one's can end between two).
     card, other = vllm_pair.slow, vllm_pair.fast
-    body = LONG_GENERATION
+    name = card.spec.label
     async with (
         real_gateway(vllm_pair.servers, dispatch=NO_WARMUP) as gw,
         httpx.AsyncClient(timeout=60, trust_env=False) as http,
         # Straight to vLLM, past the gateway: only the scrape can tell the gateway about it. Streamed:
         # vLLM's /metrics hardly answers while it generates a long non-streamed answer.
-        http.stream("POST", card.url + "/v1/completions", json={**body, "stream": True}) as stream,
+        keep_busy(http, card),
     ):
-        assert stream.status_code == 200
-        name = card.spec.label
-        deadline = time.monotonic() + 20
+        # The row and vLLM's own /metrics are read one after the other, until both saw the answer
+        # running (one may end between the gateway's scrape and ours: the next one starts at once).
+        deadline = time.monotonic() + 30
         while True:
             rows = await admin_rows(gw)
-            if rows[name]["engine_running"] == 1:
+            row = rows[name]
+            own = await engine_metrics(http, card)
+            if row["engine_running"] == 1 and own.running == 1:
                 break
-            shown = {k: rows[name][k] for k in ("engine_running", "engine_waiting", "scrape_age", "verdict")}
-            assert time.monotonic() < deadline, shown
+            shown = {k: row[k] for k in ("engine_running", "engine_waiting", "scrape_age", "verdict")}
+            assert time.monotonic() < deadline, (shown, own.running, own.waiting)
             await asyncio.sleep(0.1)
-        own = await engine_metrics(http, card)
-        assert (own.running, own.waiting) == (1, 0)
-        row = rows[name]
-        assert row["engine_waiting"] == 0 and row["inflight"] == 0
-        # One short prompt in a cache sized in GiB holds a few blocks: the share may round to 0.
-        assert own.kv_usage is not None and row["kv_usage"] == pytest.approx(own.kv_usage, abs=0.01)
-        assert rows[other.spec.label]["engine_running"] == 0
+    assert own.waiting == 0 and row["engine_waiting"] == 0 and row["inflight"] == 0
+    # One short prompt in a cache sized in GiB holds a few blocks: the share may round to 0.
+    assert own.kv_usage is not None and row["kv_usage"] == pytest.approx(own.kv_usage, abs=0.01)
+    assert rows[other.spec.label]["engine_running"] == 0
 
 
 async def test_warm_up_is_accepted_before_any_traffic(
