@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taogate.bench.diagnose import EXIT_CODES, Evidence, decide, peak_per_instance
+from taogate.bench.diagnose import EXIT_CODES, Evidence, decide, peak_per_instance, too_long
 from taogate.bench.report import Summary, summarize
 from taogate.bench.runner import Sample
 
@@ -134,3 +134,13 @@ def test_when_the_cap_bound_the_configured_run_alone_is_judged() -> None:
     assert v.kind == "inside"
     v = decide(Evidence(run(STALLED), run(slower), 32, 8, FAST))  # peak unknown: likewise
     assert v.kind == "inside"
+
+
+def test_only_a_refused_length_makes_the_probe_shorter() -> None:
+    # vLLM 0.32's wordings for a prompt past the context, and for max_tokens past what is left.
+    assert too_long("This model's maximum context length is 4096 tokens. However, your request has 5120")
+    assert too_long("max_tokens=16 cannot be greater than max_model_len=4096. Please request fewer")
+    # A shorter prompt would be refused alike: no reason to shrink the probe.
+    assert not too_long("Unsupported Media Type: Only 'application/json' is allowed")
+    assert not too_long("The model `other` does not exist.")
+    assert not too_long(None)

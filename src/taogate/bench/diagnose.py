@@ -1,7 +1,7 @@
 """Is it dispatch, one slow instance, or nothing? The queue-cap bisection, automated.
 
 ``diagnose``: (1) **probe** each instance alone, straight to its URL: a ~4,096-token prompt (less if
-the model's context is shorter) with a unique salt, ``max_tokens`` 1, ``tries`` times in turn with the
+an instance's context is shorter) with a unique salt, ``max_tokens`` 1, ``tries`` times in turn with the
 others; its prefill speed is ``prompt_tokens / TTFT``, judged by the median and the spread of its tries
 (nothing else runs, so queueing cannot make it look slow, and one try disturbed by a busy machine
 cannot name the wrong instance). (2) **Run A**: the load through a fresh loopback gateway with the
@@ -56,6 +56,7 @@ __all__ = [
     "diagnose",
     "peak_per_instance",
     "probe_speeds",
+    "too_long",
 ]
 
 DROP = 1.5
@@ -261,6 +262,13 @@ async def _context_length(url: str, model: str, key: str) -> int | None:
     return None
 
 
+def too_long(error: str | None) -> bool:
+    """A 400 that refuses the prompt's length (vLLM's wording, and the emulator's), not another
+    refusal a shorter prompt would meet as well."""
+    text = (error or "").lower()
+    return "context length" in text or "max_model_len" in text or "too long" in text
+
+
 async def probe_speeds(
     urls: Sequence[str],
     names: Sequence[str],
@@ -272,10 +280,10 @@ async def probe_speeds(
 ) -> dict[str, list[float]]:
     """Each instance alone, ``tries`` times, in turn with the others (so a busy spell of the machine
     falls on all of them): prompt tokens / TTFT of each try that succeeded."""
-    context = await _context_length(urls[0], model, key) if urls else None
-    tokens = (
-        min(prompt_tokens, context // 2) if context else prompt_tokens
-    )  # filler runs long on real tokenizers
+    # The smallest context of the fleet: one prompt size for all, so the probes compare alike. Half
+    # of it, as the filler runs long on real tokenizers.
+    contexts = [c for c in [await _context_length(url, model, key) for url in urls] if c]
+    tokens = min(prompt_tokens, min(contexts) // 2) if contexts else prompt_tokens
     out: dict[str, list[float]] = {name: [] for name in names}
     salt = secrets.token_hex(4)
     pairs = list(zip(urls, names, strict=True))
@@ -288,7 +296,7 @@ async def probe_speeds(
                     [Target(url + "/v1", key, name)], Workload("probe", (spec,), 1), model, max_seconds=60
                 )
                 s = run.samples[0]
-                if s.status == 400 and tokens > 256:
+                if s.status == 400 and tokens > 256 and too_long(s.error):
                     tokens //= 2
                     continue
                 if s.ok and s.ttft:
