@@ -202,7 +202,9 @@ class Dispatcher:
 
     # -- slots freeing up ------------------------------------------------------------------------
     def _released(self, lease: Lease) -> None:
-        self._drain.tick(self._clock())
+        now = self._clock()
+        self._drain.tick(now)
+        lease.instance.slots.served(now - lease.sent_at)
         if lease.ticket is not None:
             lease.instance.cache.finished(lease.ticket, lease.cached)
         if self._waiters:
