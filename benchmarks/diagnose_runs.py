@@ -94,20 +94,20 @@ def emulated(name: str, slow: dict[int, float], expect: tuple[str, str | None]) 
     return Fleet(name, workload, configs[0].model, 4096, expect, fresh=urls)
 
 
-def real_workload(prompt_tokens: int) -> Workload:
+def real_workload(prompt_tokens: int, max_tokens: int) -> Workload:
     return build_workload(
         "long-prompts",
         requests=16,
         concurrency=4,
         prompt_tokens=prompt_tokens,
-        max_tokens=8,
+        max_tokens=max_tokens,
         rate=None,
         file=None,
     )
 
 
 @contextlib.asynccontextmanager
-async def real_servers(labels: Sequence[str]) -> AsyncIterator[list[str]]:
+async def real_servers(labels: Sequence[str], max_num_seqs: int) -> AsyncIterator[list[str]]:
     """Real vLLM servers of the real tier's models (by spec name), one per core, until exit."""
     sys.path.insert(0, str(REPO))  # the real tier's helpers live under tests/, not in the package
     from tests.real.home import prepare
@@ -116,7 +116,9 @@ async def real_servers(labels: Sequence[str]) -> AsyncIterator[list[str]]:
     ready = prepare(print)
     cores = cpus()
     specs = [
-        ServerSpec(f"{label}{n}", ready.models.dirs[label], cpu=cores[n % len(cores)])
+        ServerSpec(
+            f"{label}{n}", ready.models.dirs[label], cpu=cores[n % len(cores)], max_num_seqs=max_num_seqs
+        )
         for n, label in enumerate(labels)
     ]
     started = time.monotonic()
@@ -126,11 +128,11 @@ async def real_servers(labels: Sequence[str]) -> AsyncIterator[list[str]]:
         yield [s.url for s in servers]
 
 
-def real(name: str, expect: tuple[str, str | None], prompt_tokens: int) -> Fleet:
+def real(name: str, expect: tuple[str, str | None], prompt_tokens: int, max_tokens: int) -> Fleet:
     sys.path.insert(0, str(REPO))
     from tests.real.server import SERVED_MODEL
 
-    return Fleet(name, real_workload(prompt_tokens), SERVED_MODEL, prompt_tokens, expect)
+    return Fleet(name, real_workload(prompt_tokens, max_tokens), SERVED_MODEL, prompt_tokens, expect)
 
 
 async def one_run(fleet: Fleet, urls: list[str]) -> tuple[Diagnosis, float]:
@@ -186,7 +188,9 @@ def summary(t: Tally) -> str:
     )
 
 
-async def main(runs: int, names: Sequence[str], real_tokens: int = 600) -> int:
+async def main(
+    runs: int, names: Sequence[str], real_tokens: int = 600, max_num_seqs: int = 2, max_tokens: int = 8
+) -> int:
     has_real = bool(os.environ.get(REAL_VENV_ENV))
     tallies: list[Tally] = []
     for name in names:
@@ -202,8 +206,8 @@ async def main(runs: int, names: Sequence[str], real_tokens: int = 600) -> int:
         else:
             labels = ("fast", "fast") if name == "real-same" else ("fast", "slow")
             expect = ("balanced", None) if name == "real-same" else ("slow", "i1")
-            fleet = real(name, expect, real_tokens)
-            async with real_servers(labels) as urls:
+            fleet = real(name, expect, real_tokens, max_tokens)
+            async with real_servers(labels, max_num_seqs) as urls:
                 tallies.append(await run_fleet_n(fleet, runs, urls))
         print(f"{name}: {time.monotonic() - started:.0f} s in all\n", flush=True)
     print("summary (diagnose's default verdict rule; loads as in the module docstring):")
@@ -216,6 +220,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="diagnose runs per fleet")
     parser.add_argument("--fleets", nargs="+", choices=FLEETS, default=list(FLEETS))
+    parser.add_argument("--max-tokens", type=int, default=8, help="max_tokens of the real fleets' load")
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=2,
+        help="each real server's --max-num-seqs (the real tier's 2 makes requests queue inside vLLM)",
+    )
     parser.add_argument(
         "--real-tokens",
         type=int,
@@ -224,4 +235,4 @@ if __name__ == "__main__":
         "tiny models' tokenizer, so much past the default overflows their 4,096-token context (400s)",
     )
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.runs, args.fleets, args.real_tokens)))
+    sys.exit(asyncio.run(main(args.runs, args.fleets, args.real_tokens, args.max_num_seqs, args.max_tokens)))
