@@ -155,11 +155,5 @@ async def test_warm_up_teaches_the_slow_card_before_the_first_request() -> None:
             speeds = gate.app.gateway.speeds
             assert speeds.relative("i3") < 0.6, {n: speeds.relative(n) for n in ("i0", "i1", "i2", "i3")}
             assert all(speeds.relative(n) > 0.8 for n in ("i0", "i1", "i2"))
-            # Each card's own decode pace, from the small prompt's streamed answer, not one
-            # extrapolated from its prefill: the slow card's steps are all 2.5x longer.
-            paces = {n: speeds.decode_seconds_per_token(n) for n in ("i0", "i1", "i2", "i3")}
-            assert all(speeds.decode_samples(n) == 1 for n in paces), paces
-            assert 1.8 < paces["i3"] / paces["i0"] < 3.5, paces
-            assert 0.7 < paces["i1"] / paces["i0"] < 1.4, paces
     tags = [r["tag"] for r in fleet.instances[3].stats()["records"]]
     assert tags == ["taogate-warmup", "taogate-warmup"]  # grep-able in the instance's own log

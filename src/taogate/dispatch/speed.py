@@ -305,8 +305,8 @@ class SpeedEstimator:
                 return None  # the engine's window teaches the decode pace
             if completion_tokens > 1 and duration > ttft:
                 pace = (duration - ttft) / (completion_tokens - 1)
-                state.tpot_n += 1  # a running mean until the EWMA is faster: the prior is a guess
-                state.tpot += max(0.2, 1.0 / state.tpot_n) * (pace - state.tpot)
+                state.tpot += 0.2 * (pace - state.tpot)
+                state.tpot_n += 1
                 self._stale = True
             return None
         decoded = max(0, completion_tokens - 1)
@@ -343,8 +343,7 @@ class SpeedEstimator:
         count = min(untaught, _MAX_WINDOW_WEIGHT)
         pace = decode_seconds_per_token
         if pace is not None and pace > 0 and math.isfinite(pace):
-            step = max(1.0 - 0.8**count, count / (state.tpot_n + count)) if count > 0 else 0.0
-            state.tpot += step * (pace - state.tpot)
+            state.tpot += (1.0 - 0.8**count) * (pace - state.tpot)
             state.tpot_n += 1
             self._stale = True
         if prompt_tokens is not None and prompt_tokens > 0:
@@ -366,10 +365,6 @@ class SpeedEstimator:
     def samples(self, name: str) -> int:
         state = self._states.get(name)
         return 0 if state is None else state.n
-
-    def decode_samples(self, name: str) -> int:
-        state = self._states.get(name)
-        return 0 if state is None else state.tpot_n
 
     def evidence(self, name: str) -> float:
         """Samples weighted by the work they covered (a 20-token sample counts for little)."""
