@@ -70,7 +70,8 @@ async def test_slow_and_stale_scrapes_are_said_so(caplog: pytest.LogCaptureFixtu
 
 async def test_a_full_card_is_seen_full_and_its_next_request_goes_where_a_slot_is_free() -> None:
     # Two batch slots each; the second card decodes twice as slowly, so on decode pace alone a third
-    # request would still go to the first, and wait there for a whole answer.
+    # request would still go to the first, and wait there for a whole answer. Streamed: a stream's
+    # first token says it is decoding, so a request waiting beside it waits for a slot.
     configs = [EmulatorConfig(seed=i, max_num_seqs=2, slowdown=2.0 if i else 1.0) for i in range(2)]
     async with run_fleet(configs) as fleet:
         settings = settings_for(fleet.urls, names=["fast", "slower"], dispatch={"scrape_interval": 0.1})
@@ -79,7 +80,10 @@ async def test_a_full_card_is_seen_full_and_its_next_request_goes_where_a_slot_i
 
             async def answers(n: int, seed: int) -> list[str]:
                 rs = await asyncio.gather(
-                    *(complete(http, gate, words(50, seed=seed + k), max_tokens=100) for k in range(n))
+                    *(
+                        complete(http, gate, words(50, seed=seed + k), max_tokens=100, stream=True)
+                        for k in range(n)
+                    )
                 )
                 assert all(r.status_code == 200 for r in rs)
                 return [r.headers["x-taogate-instance"] for r in rs]

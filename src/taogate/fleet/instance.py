@@ -131,7 +131,7 @@ class Instance:
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
         self._stats_at = now
-        self.slots.observe(sample.running, sample.waiting)
+        self.slots.observe(sample.running, sample.waiting, self.prefilling)
         self.cache.configure(sample.cache_config)
         prev = self.engine_prev
         if prev is not None and prev.prefix_hits is not None and sample.prefix_hits is not None:

@@ -7,9 +7,15 @@ two-slot card waits a whole answer while the other card has a slot free.
 
 Nothing in vLLM's /metrics says the limit, but each scrape says ``running`` and ``waiting``: the most
 requests seen running is a lower bound on the slots, and requests waiting while that many run show
-it is the limit. Until the engine has been seen full, the slots are unknown and cost nothing (a
-fleet that never fills them is dispatched as before). A limit seen once stays until more run (the KV
-cache may admit more for shorter prompts): then it is unknown again until the engine fills again.
+it is the limit, unless what holds them back is the step's token budget (``max_num_batched_tokens``:
+a long prompt's chunks fill it and the next prompt waits a step, which the prefill queued ahead
+already costs). So the engine counts as full only when no more of the gateway's requests there lack
+a first token than are waiting: all of its running ones are decoding, and still the rest wait. A
+non-streamed request shows its first token only with its end, so traffic that is all non-streamed
+never shows the engine full: its slots stay unknown, as before.
+Until the engine has been seen full, the slots are unknown and cost nothing (a fleet that never
+fills them is dispatched as before). A limit seen once stays until more run (the KV cache may admit
+more for shorter prompts): then it is unknown again until the engine fills again.
 
 The wait is costed at the mean answer time there over the slots (one of them frees that often).
 """
@@ -32,14 +38,15 @@ class BatchSlots:
         self._full = False  # requests waited while that many ran: it is the limit
         self.served_seconds = 0.0  # mean seconds from sending a request here to its answer's end
 
-    def observe(self, running: float | None, waiting: float | None) -> None:
-        """One scrape's ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``."""
+    def observe(self, running: float | None, waiting: float | None, prefilling: int = 0) -> None:
+        """One scrape's ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``, with the
+        gateway's requests there that have no first token yet (``prefilling``)."""
         if running is None:
             return
         run = int(running)
         if run > self._most:
             self._most, self._full = run, False
-        if waiting and waiting > 0 and run >= self._most > 0:
+        if waiting and waiting > 0 and run >= self._most > 0 and prefilling <= waiting:
             self._full = True
 
     def served(self, seconds: float) -> None:
