@@ -191,8 +191,9 @@ class LeastBusy:
         if not candidates:
             return None
         prompt = req.prompt_tokens
-        cached = any(v.cache is not None for v in candidates)
-        if not self.affinity or not cached or (req.prefix_key is None and req.blocks is None):
+        # Most requests have no prefix to place: that is known before looking at any candidate's cache.
+        keyless = req.prefix_key is None and req.blocks is None
+        if not self.affinity or keyless or not any(v.cache is not None for v in candidates):
             costs, ttfts = self._costs(req, candidates, [prompt] * len(candidates))
             best = candidates[self._pick(candidates, costs, ttfts)]
             return Send(best.name, "least_load", work=prompt)

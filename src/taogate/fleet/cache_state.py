@@ -32,11 +32,9 @@ class InstanceCache:
         self.model = PrefixCacheModel()
         self.index: KvIndex | None = None  # set when the instance publishes KV events
         self.config: CacheConfig | None = None
-
-    @property
-    def caching(self) -> bool:
-        """False when the instance says its prefix caching is off (then dispatch sees no cache)."""
-        return self.config is None or self.config.prefix_caching
+        # False when the instance says its prefix caching is off (then dispatch sees no cache). Kept
+        # as a plain attribute, set with the config: it is read for every candidate of every dispatch.
+        self.caching = True
 
     # -- CacheView -------------------------------------------------------------------------------
     def hit(self, req: RequestFacts) -> float:
@@ -67,6 +65,7 @@ class InstanceCache:
         if config is None or config == self.config:
             return
         self.config = config
+        self.caching = config.prefix_caching
         self.model.configure(config.usable_blocks, config.block_size)
         if self.index is not None:
             self._configure_index(self.index, config)

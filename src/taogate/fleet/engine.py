@@ -30,6 +30,7 @@ exception: an instance that is still loading, or an older vLLM, must not break t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -148,6 +149,23 @@ def _cache_config(labels: dict[str, str]) -> CacheConfig | None:
     return CacheConfig(blocks, size, caching, labels.get("prefix_caching_hash_algo"))
 
 
+_CACHE_CONFIG_PREFIX = CACHE_CONFIG + "{"
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_config_line(line: str) -> tuple[dict[str, str], CacheConfig | None]:
+    """One ``vllm:cache_config_info`` sample line: its labels and the config they describe.
+
+    Its dozens of labels made it most of a scrape's parse, and an engine writes the same line on
+    every scrape: keyed by the raw line, it is parsed once per engine and cache shape (the labels
+    are only read, never changed)."""
+    labels: dict[str, str] = {}
+    for family in text_string_to_metric_families(line + "\n"):
+        for sample in family.samples:
+            labels = sample.labels
+    return labels, _cache_config(labels)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSample:
     """One scrape of one instance, summed over its engines (data-parallel ranks).
@@ -195,11 +213,19 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
     # Parse only the lines of the wanted metrics: a real vLLM page is mostly histogram buckets we
     # ignore, and the full parse costs milliseconds per scrape per instance (measured:
     # benchmarks/README.md).
-    kept = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED_PREFIXES))
-    if not kept and not _looks_like_exposition(text):
+    lines = [line for line in text.splitlines() if line.startswith(_WANTED_PREFIXES)]
+    if not lines and not _looks_like_exposition(text):
         snippet = text[:80].replace("\n", "\\n")
         raise ScrapeError(f"not Prometheus text exposition: {snippet!r}")
+    infos = [line for line in lines if line.startswith(_CACHE_CONFIG_PREFIX)]
+    kept = "\n".join(line for line in lines if not line.startswith(_CACHE_CONFIG_PREFIX))
     try:
+        for line in infos:
+            labels, found = _cache_config_line(line)
+            if model is not None and labels.get("model_name", model) != model:
+                continue
+            if found is not None:
+                configs[labels.get("engine", "")] = found
         for family in text_string_to_metric_families(kept + "\n" if kept else ""):
             # Match on the sample name: the parser strips ``_total`` from counter *family* names
             # (and older clients emit ``_created`` samples in the same family), sample names keep it.

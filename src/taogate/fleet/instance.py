@@ -219,7 +219,10 @@ class Instance:
         With ``cache`` (prefix affinity on) the view carries the instance's cache and the work
         booked there."""
         self._stale_after = stale_after_s
-        engine = self.engine_stats(now)
+        engine = self._engine_stats
+        # While the last scrape is fresh, so is anything since (a load report): no rule to apply.
+        if engine is not None and now - self.engine_at > stale_after_s:
+            engine = self.engine_stats(now)
         spec = self.spec
         inflight = self.inflight
         prefilling = self.prefilling

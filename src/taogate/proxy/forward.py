@@ -124,9 +124,8 @@ def plan(
     """The request's upstream side, and the instances it must not go to (all but the one that holds
     the stored response it is about, when there is one)."""
     path = upstream_path(route, scope["path"], prefix, scope.get("query_string", b""))
-    ask_load = (
-        route.generates and not incoming.facts.stream and not any(k == LOAD_REPORT[0] for k, _ in headers)
-    )
+    # Unless the client asked for the report itself (a list of names: cheaper than a generator).
+    ask_load = route.generates and not incoming.facts.stream and LOAD_REPORT[0] not in [k for k, _ in headers]
     body: bytes | StreamedBody = incoming.body
     if incoming.upload is not None:
         body = incoming.upload

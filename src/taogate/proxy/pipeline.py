@@ -384,8 +384,9 @@ class Pipeline:
             self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
             raise AssertionError("unreachable: _judge raises for transport failures") from exc
         lease.first_token()
-        inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), self.clock())  # load-report hook
-        ex.rec.ttfb = self.clock() - sent_at
+        now = self.clock()
+        inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook
+        ex.rec.ttfb = now - sent_at
         headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
         ex.started = True
 
