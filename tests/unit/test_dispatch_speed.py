@@ -138,7 +138,8 @@ def test_detector_flags_the_slow_one_with_hysteresis() -> None:
 
 def test_the_further_below_the_less_evidence_a_flag_needs() -> None:
     # Good dispatch starves a slow card of samples: at a tenth of the others' speed, its warm-up's
-    # one full-size sample is enough; just under the line, dozens are needed.
+    # one full-size sample is enough; just under the line, dozens would be needed, more than the
+    # learned speed's EWMA ever rests on, so such a card is within its own estimate's noise.
     rule = SlowRule()
     assert evidence_needed(0.1, rule) == rule.min_evidence == 0.5
     assert 1.0 < evidence_needed(0.4, rule) < 3.0
@@ -148,7 +149,9 @@ def test_the_further_below_the_less_evidence_a_flag_needs() -> None:
     assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 1.0)}) == {"slow"}
     assert slow_instances({"fast": fast, "slow": SpeedStat(3000, 1, 0.3)}) == frozenset()
     assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 5, 5.0)}) == frozenset()
-    assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 60, 60.0)}) == {"slow"}
+    assert slow_instances({"fast": fast, "slow": SpeedStat(16_000, 60, 60.0)}) == frozenset()
+    assert slow_instances({"fast": fast, "slow": SpeedStat(13_000, 60, 60.0)}) == {"slow"}  # 0.43x
+    assert slow_instances({"fast": fast, "slow": SpeedStat(13_000, 2, 2.0)}) == frozenset()
 
 
 def test_detector_end_to_end_on_a_fleet_with_one_slow_card() -> None:

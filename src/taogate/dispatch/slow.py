@@ -9,8 +9,14 @@ runs ``slow_instances`` over ``SpeedEstimator.snapshot()`` after each probe and 
 traffic, hence fewer samples, it gets. So the evidence a flag needs shrinks with the gap: an estimate
 built from ``e`` full-size samples is off by about ``noise / sqrt(e)`` in log speed, and a card is
 flagged once its gap below the line, ``ln(ratio / relative)``, exceeds ``confidence`` such errors.
-A card at a tenth of the others' speed is flagged on its first full-size sample (a warm-up's); one
-just under the line needs dozens.
+A card at a tenth of the others' speed is flagged on its first full-size sample (a warm-up's).
+
+**Memory.** The learned speed is an EWMA: however many samples it has seen, it rests on about
+``memory`` of them (``(2 - alpha) / alpha``, the estimator's smoothing), and its error stops
+shrinking there. Counting every sample ever seen would grow a confidence the estimate never has:
+under load, equal cards' estimates wander to half of each other's and one got flagged. So the
+evidence judged is at most ``memory``, and a card needs to be below about 0.47x the others' (at
+the defaults) to be flagged at all: a card just under the line is within its own estimate's noise.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class SlowRule:
     min_evidence: float = 0.5  # full-size samples before an instance is judged or is a yardstick
     noise: float = 0.3  # spread of one sample's log speed (run-to-run noise of a real card)
     confidence: float = 2.0  # standard errors the gap below ``ratio`` must exceed
+    memory: float = (2 - 0.3) / 0.3  # samples the speed's EWMA rests on (SpeedEstimator's alpha 0.3)
 
 
 def evidence_needed(relative: float, rule: SlowRule = SlowRule()) -> float:
@@ -65,6 +72,6 @@ def slow_instances(
         if name in flagged:
             if rel < rule.recover_ratio:
                 out.add(name)
-        elif stat.evidence >= evidence_needed(rel, rule):
+        elif min(stat.evidence, max(rule.memory, rule.min_evidence)) >= evidence_needed(rel, rule):
             out.add(name)
     return frozenset(out)
