@@ -12,9 +12,10 @@ Each run is what ``taogate diagnose`` does (``taogate.bench.diagnose.diagnose`` 
 workload and defaults: probes, run A at cap 32, run B at cap 8, the same ``decide``). The emulated
 fleets get the CLI's default load (64 prompts of ~4,096 tokens, 16 at a time) on a fresh fleet per
 run, as ``taogate diagnose --emulate`` starts one. The real fleets get a smaller load (16 prompts of
-~600 tokens, ``--real-tokens`` to change it, 4 at a time, ``max_tokens`` 8: the tiny models' context
-is 4,096 tokens and two cores are slow), the one tests/real/test_bench.py gives diagnose; the
-servers are started once per fleet through the real tier's own helpers (tests/real/home.py,
+~600 tokens, ``--real-tokens`` to change it, 4 at a time, ``max_tokens`` 8, ``--max-tokens`` to
+change it: the tiny models' context is 4,096 tokens and two cores are slow), the one
+tests/real/test_bench.py gives diagnose; the servers (``--max-num-seqs`` each, the real tier's 2 by
+default) are started once per fleet through the real tier's own helpers (tests/real/home.py,
 server.py) and serve every run.
 
     .venv/bin/python benchmarks/diagnose_runs.py                        # emulated fleets, 10 runs each
