@@ -39,7 +39,8 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
   full, and the mean answer time there over them. A request beyond them waits for a running one to
   end, which no prefill or decode term shows: on equal two-slot cards a third request on one card
   waits a whole answer while the other has a slot free. Unknown (0) until the engine has been seen
-  with requests waiting at its most running, so a fleet that never fills its slots is unaffected.
+  with requests waiting at its most running while ours there were decoding (not waiting for the
+  step's token budget), so a fleet that never fills its slots is unaffected.
 * ``engine`` is ``None`` when never scraped or too stale: our own counts alone, exact for one gateway.
 
 ``estimate`` computes it all in one flat pass, for every candidate of every request: per-term calls
