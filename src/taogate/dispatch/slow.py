@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from .speed import SpeedStat
+from .speed import ALPHA, SpeedStat
 
 __all__ = ["SlowRule", "evidence_needed", "slow_instances"]
 
@@ -40,7 +40,7 @@ class SlowRule:
     min_evidence: float = 0.5  # full-size samples before an instance is judged or is a yardstick
     noise: float = 0.3  # spread of one sample's log speed (run-to-run noise of a real card)
     confidence: float = 2.0  # standard errors the gap below ``ratio`` must exceed
-    memory: float = (2 - 0.3) / 0.3  # samples the speed's EWMA rests on (SpeedEstimator's alpha 0.3)
+    memory: float = (2 - ALPHA) / ALPHA  # samples a learned speed's EWMA rests on
 
 
 def evidence_needed(relative: float, rule: SlowRule = SlowRule()) -> float:

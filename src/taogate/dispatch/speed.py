@@ -38,9 +38,11 @@ from collections.abc import Callable, Mapping
 
 from .speed_state import SpeedStat, State
 
-__all__ = ["SpeedEstimator", "SpeedStat"]
+__all__ = ["ALPHA", "SpeedEstimator", "SpeedStat"]
 
 
+#: The EWMA step of a learned speed (``alpha``): it rests on about ``(2 - ALPHA) / ALPHA`` samples.
+ALPHA = 0.3
 #: How many full-size samples the configured seed is worth: little, the first real sample dominates.
 _SEED_WEIGHT = 0.1
 #: Small-work samples before an instance's fixed latency is compared with the others'.
@@ -76,7 +78,7 @@ class SpeedEstimator:
         nominal: float = 10_000.0,
         *,
         weights: Mapping[str, float] | None = None,
-        alpha: float = 0.3,
+        alpha: float = ALPHA,
         clamp: float = 3.0,
         fast_cap: float = 2.0,
         ref_tokens: float = 256.0,
