@@ -65,6 +65,7 @@ __all__ = [
     "expected_prefill",
     "expected_ttft",
     "queued_tokens",
+    "sequences",
     "slot_wait",
     "slowdown",
 ]
@@ -190,13 +191,19 @@ def expected_ttft(view: InstanceView, prompt_tokens: float, model: LoadModel = D
 
 def slot_wait(view: InstanceView) -> float:
     """Seconds a request sent now waits for one of the instance's batch slots to free (0 while
-    they are unknown or one is free): ``n`` as in ``batch_factor``, ``n - slots + 1`` answers to end."""
+    they are unknown or one is free): ``n - slots + 1`` answers to end, ``n`` the ``sequences``."""
     if view.slots <= 0:
         return 0.0
+    n = sequences(view)
+    return (n - view.slots + 1.0) * view.slot_wait if n >= view.slots else 0.0
+
+
+def sequences(view: InstanceView) -> float:
+    """Requests there now: ours, or what its engine reports running and waiting if that is more."""
     n = float(max(0, view.inflight))
     if view.engine is not None:
         n = max(n, view.engine.running + view.engine.waiting)
-    return (n - view.slots + 1.0) * view.slot_wait if n >= view.slots else 0.0
+    return n
 
 
 def decode_seconds(
@@ -216,10 +223,7 @@ def batch_factor(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     """
     if model.decode_batch_ref <= 0:
         return 1.0
-    n = float(max(0, view.inflight))
-    if view.engine is not None:
-        n = max(n, view.engine.running + view.engine.waiting)
-    return 1.0 + n / model.decode_batch_ref
+    return 1.0 + sequences(view) / model.decode_batch_ref
 
 
 def expected_latency(

@@ -83,7 +83,7 @@ class KvIndex:
     @property
     def usable(self) -> bool:
         """A request's own hashes can be looked up here (the index may still be incomplete)."""
-        return self.matches is not False and self.off is None
+        return self.off is None  # set when its hashes are found not ours, or its algorithm is another
 
     def configure(self, capacity: int, block_size: int, hash_algo: str | None = None) -> None:
         if block_size != self.block_size:
