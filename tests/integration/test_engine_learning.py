@@ -66,36 +66,3 @@ async def test_slow_and_stale_scrapes_are_said_so(caplog: pytest.LogCaptureFixtu
     assert "instance i1: engine stats are" in log and "past the 2.0 s they are trusted for" in log
     assert "instance i1: a scrape of /metrics took 3." in log
     assert "instance i0: engine stats are" not in log  # one slow instance holds up no other's scrapes
-
-
-async def test_a_full_card_is_seen_full_and_its_next_request_goes_where_a_slot_is_free() -> None:
-    # Two batch slots each; the second card decodes twice as slowly, so on decode pace alone a third
-    # request would still go to the first, and wait there for a whole answer. Streamed: a stream's
-    # first token says it is decoding, so a request waiting beside it waits for a slot.
-    configs = [EmulatorConfig(seed=i, max_num_seqs=2, slowdown=2.0 if i else 1.0) for i in range(2)]
-    async with run_fleet(configs) as fleet:
-        settings = settings_for(fleet.urls, names=["fast", "slower"], dispatch={"scrape_interval": 0.1})
-        async with serve_gateway(settings) as gate, client() as http:
-            slots = gate.app.gateway.fleet.get("fast").slots
-
-            async def answers(n: int, seed: int) -> list[str]:
-                rs = await asyncio.gather(
-                    *(
-                        complete(http, gate, words(50, seed=seed + k), max_tokens=100, stream=True)
-                        for k in range(n)
-                    )
-                )
-                assert all(r.status_code == 200 for r in rs)
-                return [r.headers["x-taogate-instance"] for r in rs]
-
-            assert slots.limit == 0  # not seen full yet: no slot wait costed
-            for round_ in range(5):  # enough at once that the fast card gets more than its two slots
-                await answers(6, seed=100 * round_)
-                if slots.limit:
-                    break
-            assert slots.limit == 2 and slots.served_seconds > 0
-            text = (await http.get(gate.url + "/metrics")).text
-            assert re.search(r'^taogate_engine_batch_slots\{instance="fast"\} 2\.0$', text, re.M), text
-            assert (await admin_rows(http, gate))["fast"]["batch_slots"] == 2
-            served = await answers(4, seed=1000)
-    assert served.count("fast") == 2, served  # two in its slots, the other two where slots are free

@@ -89,8 +89,6 @@ views = st.builds(
     prefill_tokens=st.integers(0, 10**6),
     speed=st.floats(1e-3, 1e6),
     engine=engines,
-    slots=st.integers(0, 8),
-    slot_wait=st.floats(0, 5),
 )
 
 
@@ -101,7 +99,14 @@ def test_property_finite_nonnegative_and_monotone_in_work(
 ) -> None:
     t = expected_ttft(view, prompt)
     assert 0.0 <= t < float("inf")
-    more = replace(view, prefill_tokens=view.prefill_tokens + extra)
+    more = InstanceView(
+        view.name,
+        inflight=view.inflight,
+        decoding=view.decoding,
+        prefill_tokens=view.prefill_tokens + extra,
+        speed=view.speed,
+        engine=view.engine,
+    )
     assert expected_ttft(more, prompt) > t
     assert expected_ttft(view, prompt + extra) > t
 
@@ -159,8 +164,6 @@ full_views = st.builds(
     decode_seconds_per_token=st.floats(-0.1, 0.5),
     uncached_ratio=st.floats(-1, 2),
     engine=engines,
-    slots=st.integers(-1, 8),
-    slot_wait=st.floats(0, 5),
 )
 models = st.builds(
     LoadModel,
@@ -180,20 +183,3 @@ def test_property_the_one_pass_estimate_is_the_formula_term_by_term(
     ttft, latency = estimate(view, prompt, max_tokens, model)
     assert ttft == pytest.approx(expected_ttft(view, prompt, model), rel=1e-12)
     assert latency == pytest.approx(expected_latency(view, prompt, max_tokens, model), rel=1e-12)
-
-
-def test_a_request_beyond_the_batch_slots_waits_for_one_to_free() -> None:
-    # Two equal two-slot cards, one with both slots taken: the third request there waits for an
-    # answer to end (half the mean answer time: one of two frees that often); the other has room.
-    full = InstanceView("a", inflight=2, decoding=2, speed=30_000.0, slots=2, slot_wait=0.5)
-    room = replace(full, name="b", inflight=1, decoding=1)
-    # (abs: one more decoding sequence also slows the prefill by a hair, ``slowdown``)
-    assert expected_ttft(full, 1000) == pytest.approx(expected_ttft(room, 1000) + 0.5, abs=1e-3)
-    assert expected_ttft(replace(full, inflight=3, decoding=3), 1000) == pytest.approx(
-        expected_ttft(room, 1000) + 1.0, abs=1e-3
-    )
-    # The engine's own count (other gateways' requests included) fills the slots too.
-    engine = EngineStats(waiting=1.0, running=2.0, kv_usage=None)
-    assert expected_ttft(replace(room, engine=engine), 1000) > expected_ttft(full, 1000)
-    # Slots never seen full cost nothing, however many run.
-    assert expected_ttft(replace(full, slots=0), 1000) == pytest.approx(expected_ttft(room, 1000), abs=1e-3)

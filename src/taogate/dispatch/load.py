@@ -9,7 +9,6 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
     slow    = 1 + decode_weight * running_i / step_tokens      # decodes take a token of every step
             * (1 + kv_penalty * ((kv - kv_threshold) / (1 - kv_threshold))**2   if kv > kv_threshold)
     ttft_i  = base_i + (queued + P) * slow / speed_i
-            + max(0, n_i - slots_i + 1) * slot_wait_i             # once its batch slots are known
     batch   = 1 + n_i / decode_batch_ref                       # sequences sharing each step
     end_i   = ttft_i + min(max_tokens, decode_horizon) * tpot_i * batch   # expected_latency
 
@@ -35,12 +34,6 @@ the same work more slowly. For a request expected to cost ``P`` prefill tokens o
   outweigh the noise between their learned paces: ``decode_batch_ref`` sits near where the
   emulator's step doubles (~38 sequences; a large model's at more). At twice that, a cached burst
   on four equal cards split unevenly and lost to least-requests (measured: benchmarks/dispatch.py).
-* ``slots_i`` / ``slot_wait_i`` (``fleet.slots``): the requests its engine runs at once, once seen
-  full, and the mean answer time there over them. A request beyond them waits for a running one to
-  end, which no prefill or decode term shows: on equal two-slot cards a third request on one card
-  waits a whole answer while the other has a slot free. Unknown (0) until the engine has been seen
-  with requests waiting at its most running while ours there were decoding (not waiting for the
-  step's token budget), so a fleet that never fills its slots is unaffected.
 * ``engine`` is ``None`` when never scraped or too stale: our own counts alone, exact for one gateway.
 
 ``estimate`` computes it all in one flat pass, for every candidate of every request: per-term calls
@@ -65,8 +58,6 @@ __all__ = [
     "expected_prefill",
     "expected_ttft",
     "queued_tokens",
-    "sequences",
-    "slot_wait",
     "slowdown",
 ]
 
@@ -129,9 +120,6 @@ def estimate(
     speed = view.speed
     work = queued + (prompt_tokens if prompt_tokens > 0 else 0.0)
     ttft = (base if base > 0.0 else 0.0) + work * factor / (speed if speed > 1e-9 else 1e-9)
-    slots = view.slots
-    if slots > 0 and n >= slots:
-        ttft += (n - slots + 1.0) * view.slot_wait
     # decode_seconds with batch_factor
     tpot = view.decode_seconds_per_token
     if not tpot > 0.0:
@@ -185,25 +173,7 @@ def expected_ttft(view: InstanceView, prompt_tokens: float, model: LoadModel = D
     """Expected seconds until the first token of a request costing ``prompt_tokens`` of prefill on
     ``view``, sent now."""
     work = queued_tokens(view, model) + max(0.0, prompt_tokens)
-    ttft = max(0.0, view.base_latency) + work * slowdown(view, model) / max(view.speed, 1e-9)
-    return ttft + slot_wait(view)
-
-
-def slot_wait(view: InstanceView) -> float:
-    """Seconds a request sent now waits for one of the instance's batch slots to free (0 while
-    they are unknown or one is free): ``n - slots + 1`` answers to end, ``n`` the ``sequences``."""
-    if view.slots <= 0:
-        return 0.0
-    n = sequences(view)
-    return (n - view.slots + 1.0) * view.slot_wait if n >= view.slots else 0.0
-
-
-def sequences(view: InstanceView) -> float:
-    """Requests there now: ours, or what its engine reports running and waiting if that is more."""
-    n = float(max(0, view.inflight))
-    if view.engine is not None:
-        n = max(n, view.engine.running + view.engine.waiting)
-    return n
+    return max(0.0, view.base_latency) + work * slowdown(view, model) / max(view.speed, 1e-9)
 
 
 def decode_seconds(
@@ -223,7 +193,10 @@ def batch_factor(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     """
     if model.decode_batch_ref <= 0:
         return 1.0
-    return 1.0 + sequences(view) / model.decode_batch_ref
+    n = float(max(0, view.inflight))
+    if view.engine is not None:
+        n = max(n, view.engine.running + view.engine.waiting)
+    return 1.0 + n / model.decode_batch_ref
 
 
 def expected_latency(

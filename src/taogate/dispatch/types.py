@@ -89,8 +89,6 @@ class InstanceView:
     overflow: bool = False  # the optional overflow channel, used only when primaries are full
     cache: CacheView | None = None  # its prefix cache; None: nothing known (no hit expected)
     prefill_work: int | None = None  # expected uncached prefill of ours with no first token yet
-    slots: int = 0  # requests its engine runs at once, once seen full (0: unknown, never costed)
-    slot_wait: float = 0.0  # seconds a request beyond the slots waits per request ahead of it
 
     @property
     def has_room(self) -> bool:

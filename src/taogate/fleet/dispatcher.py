@@ -202,9 +202,7 @@ class Dispatcher:
 
     # -- slots freeing up ------------------------------------------------------------------------
     def _released(self, lease: Lease) -> None:
-        now = self._clock()
-        self._drain.tick(now)
-        lease.instance.slots.served(now - lease.sent_at)
+        self._drain.tick(self._clock())
         if lease.ticket is not None:
             lease.instance.cache.finished(lease.ticket, lease.cached)
         if self._waiters:

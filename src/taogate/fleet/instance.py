@@ -19,7 +19,6 @@ from taogate.fleet.cache_state import InstanceCache
 from taogate.fleet.engine import EngineSample, engine_stats
 from taogate.fleet.health import HealthState, HealthTracker
 from taogate.fleet.load_report import parse_load_report
-from taogate.fleet.slots import BatchSlots
 from taogate.fleet.window import RollingWindow
 
 
@@ -103,7 +102,6 @@ class Instance:
         self.stats_stale = False  # the last scrape is too old to trust (logged once per change)
         self.model_cards: dict[str, dict[str, Any]] = {}  # id → the instance's /v1/models entry
         self.window = RollingWindow()  # the last minute, for the side-by-side status
-        self.slots = BatchSlots()  # how many its engine runs at once, once seen full
         self._bound = math.inf  # speed_bound over ``pending``, as of ``_bound_at``
         self._bound_at = -math.inf
 
@@ -131,7 +129,6 @@ class Instance:
         self.engine_at = now
         self._engine_stats = engine_stats(sample, self.engine_prev, now, now, interval=1.0)  # fresh now
         self._stats_at = now
-        self.slots.observe(sample.running, sample.waiting, self.prefilling)
         self.cache.configure(sample.cache_config)
         prev = self.engine_prev
         if prev is not None and prev.prefix_hits is not None and sample.prefix_hits is not None:
@@ -227,7 +224,6 @@ class Instance:
         inflight = self.inflight
         prefilling = self.prefilling
         cache = cache and self.cache.caching
-        slots = self.slots
         # Positional, in InstanceView's field order (a test pins it): a dispatch builds one view per
         # instance, and keyword arguments cost far more (measured: benchmarks/overhead.py).
         return InstanceView(
@@ -248,6 +244,4 @@ class Instance:
             spec.overflow,
             self.cache if cache else None,
             self.prefill_work if cache else None,
-            slots.limit,
-            slots.wait,
         )

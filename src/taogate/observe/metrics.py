@@ -209,11 +209,6 @@ class FleetCollector(Collector):
         stale = family(
             "taogate_engine_stats_stale", "1 while the last scrape is too old for dispatch to trust."
         )
-        slots = family(
-            "taogate_engine_batch_slots",
-            "Requests the engine runs at once, learned once it was seen with requests waiting at its "
-            "most running (0: not seen full, no wait for a slot costed).",
-        )
         for inst in fleet:
             n = inst.name
             inflight.add_metric([n], inst.inflight)
@@ -228,7 +223,6 @@ class FleetCollector(Collector):
             speed.add_metric([n], fleet.speeds.speed(n))
             rel.add_metric([n], fleet.speeds.relative(n))
             slow.add_metric([n], 1.0 if n in fleet.slow else 0.0)
-            slots.add_metric([n], inst.slots.limit)
             duration = inst.scrape_duration(now)
             if duration is not None:
                 took.add_metric([n], duration)
@@ -248,7 +242,7 @@ class FleetCollector(Collector):
         queue = GaugeMetricFamily("taogate_queue_length", "Requests waiting in the gateway queue.")
         queue.add_metric([], self._dispatcher.queued)
         yield from (inflight, cap, prefill, up, available, breaker, draining, speed, rel, slow)
-        yield from (waiting, running, kv, hits, age, took, stale, slots)
+        yield from (waiting, running, kv, hits, age, took, stale)
         yield from _kv_index_families(fleet)
         yield queue
 

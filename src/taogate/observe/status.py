@@ -75,7 +75,6 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "engine_waiting": engine.waiting if engine else None,
                 "engine_running": engine.running if engine else None,
                 "kv_usage": _round(engine.kv_usage) if engine else None,
-                "batch_slots": inst.slots.limit or None,
                 "prefix_hit_rate": _round(hits),
                 "scrape_age": round(now - inst.engine_at, 3) if engine else None,
                 "requests_1m": minute.requests,
