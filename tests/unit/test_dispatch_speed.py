@@ -245,10 +245,23 @@ def test_engine_windows_teach_what_the_gateway_could_not_time() -> None:
     before = est.speed("a")
     assert est.observe_engine("a", requests=1, prefill_seconds=5.0, computed_tokens=1000.0) is None
     assert est.speed("a") == before
-    # A window of small prompts teaches the fixed latency, not the speed.
+    # A window of small prompts teaches nothing: a step's own overhead, not the speed, and the engine's
+    # clock holds none of the gateway's fixed latency.
+    base = est.base_latency("a")
     assert est.observe_engine("a", requests=8, prefill_seconds=0.01, computed_tokens=20.0) is None
-    assert est.speed("a") == before and est.base_latency("a") < 0.05
+    assert est.speed("a") == before and est.base_latency("a") == base
     assert est.observe_engine("a", requests=0, prefill_seconds=1.0, computed_tokens=1.0) is None
+
+
+def test_engine_windows_are_not_discounted_by_the_gateways_fixed_latency() -> None:
+    est = SpeedEstimator(1000.0, small_tokens=256)
+    for _ in range(5):  # short streams: 0.2 s to a first token is the path to the card, not prefill
+        est.observe_first_token("a", ttft=0.2, ahead_tokens=0, uncached_tokens=10)
+    assert est.base_latency("a") == pytest.approx(0.2, rel=0.05)
+    # vLLM timed 1,000 tokens' prefill at 0.25 s on its own clock: 4,000 tokens/s, not 1,000 / 0.05.
+    # The window holds the five streams too (already learned from) and two more requests.
+    sample = est.observe_engine("a", requests=7, prefill_seconds=0.25, computed_tokens=1000.0)
+    assert sample == pytest.approx(4000.0)
 
 
 def test_engine_learned_speeds_are_not_capped() -> None:

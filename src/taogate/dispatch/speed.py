@@ -17,6 +17,8 @@ the pace learned from streams teaches (not at all while no pace is known, or whe
 **Fixed latency.** ``ttft ≈ base + work / speed``: each instance learns ``base`` from samples under
 ``small_tokens`` of work and its speed only from larger ones, as ``work / (ttft - base)``, so short
 prompts do not make a card look slow; its ``base`` still shows a slow card that gets only those.
+An engine window is on the engine's own clock, which holds no such latency: it teaches the speed as
+its computed tokens over its prefill time, and nothing from a window of small prompts.
 
 **Fit.** An EWMA of ``log(speed)`` (ratios are multiplicative); a sample weighs by the work it covers
 and the requests it averages (an engine window); a weighted running mean until the EWMA takes over, so
@@ -352,9 +354,13 @@ class SpeedEstimator:
             ratio = min(1.0, max(0.01, computed_tokens / prompt_tokens))
             step = max(0.3, 1.0 / (state.n + state.base_n + 1))
             state.uncached_ratio += step * (ratio - state.uncached_ratio)
-        if computed_tokens <= 0 or count < 0.5:
+        # The engine timed the prefill itself, from the first step that scheduled it: no HTTP path,
+        # no wait for a slot, so the gateway's fixed latency is not in it (subtracting it would
+        # make a card look faster by its network path), and a small window says nothing about that
+        # latency either. Under ``small_tokens`` a step's own overhead dominates: nothing to learn.
+        if computed_tokens < self._small or count < 0.5:
             return None
-        return self._sample(state, computed_tokens, computed_tokens, prefill_seconds, 1.0, count=count)
+        return self._learn(state, computed_tokens / prefill_seconds, computed_tokens, 1.0, count=count)
 
     # --- reading -------------------------------------------------------------------------------------
 
