@@ -4,8 +4,8 @@ back (the gateway's admin rows, vLLM's own /metrics)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -140,31 +140,58 @@ async def running(http: httpx.AsyncClient, server: VllmServer) -> float:
     return (await engine_metrics(http, server)).running or 0.0
 
 
+@dataclass
+class Busy:
+    """What ``keep_busy`` saw: how many answers it started and how the last one ended (a status
+    code, or an exception's name), for a check's failure message."""
+
+    started: int = 0
+    last: str = "none yet"
+    #: The longest this process's event loop was late for a 50 ms sleep while the block ran: the
+    #: gateway under test shares it, so a stall here is the test's own, not vLLM's.
+    loop_late: float = 0.0
+
+
 @asynccontextmanager
 async def keep_busy(
     http: httpx.AsyncClient, server: VllmServer, *, stream: bool = True
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Busy]:
     """One long answer always running on ``server``, straight to it (past any gateway): a new one
     starts whenever the last has ended, until the block exits. A check that needs the card busy at the
     moment it looks does not depend on how fast this machine decodes ``LONG_GENERATION``."""
     body = {**LONG_GENERATION, "stream": stream}
+    seen = Busy()
 
     async def one() -> None:
+        seen.started += 1
         if stream:  # read to the end: vLLM frees the slot when the answer is done, not when read
             async with http.stream("POST", server.url + "/v1/completions", json=body) as r:
                 async for _ in r.aiter_raw():
                     pass
         else:
-            await http.post(server.url + "/v1/completions", json=body)
+            r = await http.post(server.url + "/v1/completions", json=body)
+        seen.last = f"status {r.status_code}"
 
     async def forever() -> None:
         while True:
-            with contextlib.suppress(httpx.HTTPError):
+            began = time.monotonic()
+            try:
                 await one()
+            except httpx.HTTPError as exc:
+                seen.last = type(exc).__name__
+            if time.monotonic() - began < 1.0:  # refused or broken at once: do not hammer the card
+                await asyncio.sleep(0.5)
 
-    task = asyncio.ensure_future(forever())
+    async def watch_loop() -> None:
+        while True:
+            began = time.monotonic()
+            await asyncio.sleep(0.05)
+            seen.loop_late = max(seen.loop_late, time.monotonic() - began - 0.05)
+
+    tasks = [asyncio.ensure_future(forever()), asyncio.ensure_future(watch_loop())]
     try:
-        yield
+        yield seen
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
