@@ -198,8 +198,8 @@ class DispatchSettings(Section):
     affinity_slack: float = Field(
         default=0.0,
         ge=0,
-        description="Extra seconds a cache hit may cost over the least loaded instance (0: none; the "
-        "expected hit is already in the cost).",
+        description="Extra seconds a cache hit may cost over the least loaded instance, beyond the "
+        "quarter more than its cost that an instance holding the prefix may always cost (0: none).",
     )
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."

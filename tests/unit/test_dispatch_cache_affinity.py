@@ -109,6 +109,30 @@ def test_hot_prefixes_partition_over_a_tight_cache() -> None:
     assert sum(len(h) for h in holders.values()) <= 12  # most prefixes live on one instance
 
 
+def test_a_holder_keeps_its_prefix_until_it_costs_a_quarter_more_than_the_best() -> None:
+    model = PrefixCacheModel()
+    model.dispatched(7, 4000, 4096, 16)
+    holder = ModelView(model)
+    empty = ModelView(PrefixCacheModel())
+    lb = LeastBusy(affinity=True)
+
+    def pick(queued: int) -> str:
+        views = [
+            InstanceView("a", speed=10_000.0, cache=holder, prefill_work=queued),
+            InstanceView("b", speed=10_000.0, cache=empty),
+        ]
+        choice = lb.choose(req(7), views, ["a", "b"])
+        assert choice is not None
+        return choice.instance
+
+    _, miss = estimate(InstanceView("b", speed=10_000.0), 4096, 16)
+    # Queued work that makes the holder cost 1.15x, then 1.4x, what the miss on "b" costs.
+    below = round((1.15 * miss - estimate(InstanceView("a", speed=10_000.0), 96, 16)[1]) * 10_000)
+    above = round((1.4 * miss - estimate(InstanceView("a", speed=10_000.0), 96, 16)[1]) * 10_000)
+    assert pick(below) == "a"
+    assert pick(above) == "b"
+
+
 def test_least_requests_takes_the_fewest_in_flight_and_rotates() -> None:
     lr = LeastRequests()
     views = [InstanceView(n, inflight=i % 2) for i, n in enumerate(NAMES)]
@@ -127,8 +151,9 @@ def test_least_requests_takes_the_fewest_in_flight_and_rotates() -> None:
 def test_property_the_pick_is_the_cheapest_given_its_cache(
     *, sent: list[tuple[str, int]], key: int, prompt: int, prefix: int, work: list[int]
 ) -> None:
-    """With no slack the pick costs no more than any candidate, each costed with its own hit (and a
-    miss with what it would evict), near-ties aside; and it hits only where the key was sent."""
+    """Each candidate costed with its own hit (and a miss with what it would evict): the pick is the
+    cheapest, near-ties aside, unless a holder of the key costs within the hold ratio of it; and it
+    hits only where the key was sent."""
     models = {n: PrefixCacheModel(600) for n in NAMES}
     for name, k in sent:
         models[name].dispatched(k, 2000, 2100, 16)
@@ -153,6 +178,10 @@ def test_property_the_pick_is_the_cheapest_given_its_cache(
         return total
 
     picked = next(v for v in views if v.name == choice.instance)
-    assert cost(picked) <= min(cost(v) for v in views) * (1 + lb.tie_ratio) + 1e-9
+    best = min(cost(v) for v in views) * (1 + lb.tie_ratio)
     if choice.reason == "affinity_hit":
         assert models[choice.instance].holds(key)
+        assert cost(picked) <= best * (1 + lb.hold_ratio) + 1e-9
+    else:  # the cheapest, near-ties aside, and no holder was within the hold ratio of it
+        assert cost(picked) <= best + 1e-9
+        assert all(cost(v) > cost(picked) * (1 + lb.hold_ratio) - 1e-9 for v in views if v.name in holders)

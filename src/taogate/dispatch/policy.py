@@ -23,8 +23,13 @@ prefix stays on as few instances as its load needs and spreads only when a holde
 more than prefilling it elsewhere, and on a tight cache only when that is worth the eviction too.
 
 * the cheapest candidate has the prefix: ``affinity_hit``;
-* else the cheapest holder, if within ``affinity_slack`` seconds of the best (``affinity_hit``),
-  failing that the best (``affinity_override``), which from then on holds the prefix too;
+* else the cheapest holder, if its cost is within ``hold_ratio`` of the best's (plus
+  ``affinity_slack`` seconds): ``affinity_hit``; failing that the best (``affinity_override``),
+  which from then on holds the prefix too. A new copy costs more than its prefill now: it splits
+  the prefix's traffic between two copies that each must stay cached, and on a tight cache each
+  pushes out other prefixes that come back as misses. The per-request cost sees little of that,
+  so a holder keeps its prefix until it is markedly busier (a ratio, so the rule holds on any
+  hardware's timescale; benchmarks/README.md has how its value was chosen);
 * among near-ties the one with the fewest requests in flight, then the key's rendezvous choice,
   so replicas that hash alike agree where a new prefix starts.
 
@@ -118,8 +123,10 @@ class LeastBusy:
         affinity_slack: float = 0.0,
         load: LoadModel = DEFAULT_LOAD,
         tie_ratio: float = 0.05,
+        hold_ratio: float = 0.25,
     ) -> None:
         self.affinity = affinity
+        self.hold_ratio = max(0.0, hold_ratio)
         self.affinity_slack = max(0.0, affinity_slack)
         self.load = load
         self.tie_ratio = max(0.0, tie_ratio)
@@ -218,7 +225,7 @@ class LeastBusy:
         if not held:
             return Send(candidates[i].name, "least_load", work=round(work[i]))
         cost, j = min(held)
-        if cost <= costs[i] + self.affinity_slack:
+        if cost <= costs[i] * (1.0 + self.hold_ratio) + self.affinity_slack:
             return Send(candidates[j].name, "affinity_hit", work=round(work[j]))
         return Send(candidates[i].name, "affinity_override", work=round(work[i]))
 
