@@ -20,7 +20,8 @@ sent anywhere is a hit nowhere, so unique prompts are dispatched on load alone. 
 instance whose cache is full also pays for the reused prefixes it would evict
 (``CacheView.eviction_cost`` at that instance's speed): those are prefilled again later. So a hot
 prefix stays on as few instances as its load needs and spreads only when a holder's queue costs
-more than prefilling it elsewhere, and on a tight cache only when that is worth the eviction too.
+markedly more than prefilling it elsewhere (the hold below), and on a tight cache only when that
+is worth the eviction too.
 
 * the cheapest candidate has the prefix: ``affinity_hit``;
 * else the cheapest holder, if its cost is within ``hold_ratio`` of the best's (plus
