@@ -229,9 +229,7 @@ class SpeedEstimator:
             )
         return max(0.0, ahead) * state.uncached_ratio + max(0.0, uncached)
 
-    def _sample(
-        self, state: State, own: float, work: float, seconds: float, trust: float, *, count: float = 1.0
-    ) -> float | None:
+    def _sample(self, state: State, own: float, work: float, seconds: float, trust: float) -> float | None:
         """Split one (work, seconds-to-first-token) observation into the fixed part and the speed.
 
         Small work (< ``small_tokens``) is mostly fixed latency: it updates ``base`` only. Larger work
@@ -244,11 +242,11 @@ class SpeedEstimator:
         if work < self._small:
             state.base_n += 1
             step = max(0.2, 1.0 / state.base_n)
-            state.base += (1.0 - (1.0 - step) ** count) * (seconds - state.base)
+            state.base += step * (seconds - state.base)
             self._stale = True
             return None
         prefill = max(seconds - state.base, 0.25 * seconds)
-        return self._learn(state, work / prefill, work, trust, count=count)
+        return self._learn(state, work / prefill, work, trust)
 
     def observe_first_token(
         self,

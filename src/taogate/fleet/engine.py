@@ -149,9 +149,6 @@ def _cache_config(labels: dict[str, str]) -> CacheConfig | None:
     return CacheConfig(blocks, size, caching, labels.get("prefix_caching_hash_algo"))
 
 
-_CACHE_CONFIG_PREFIX = CACHE_CONFIG + "{"
-
-
 @functools.lru_cache(maxsize=64)
 def _cache_config_line(line: str) -> tuple[dict[str, str], CacheConfig | None]:
     """One ``vllm:cache_config_info`` sample line: its labels and the config they describe.
@@ -217,8 +214,8 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
     if not lines and not _looks_like_exposition(text):
         snippet = text[:80].replace("\n", "\\n")
         raise ScrapeError(f"not Prometheus text exposition: {snippet!r}")
-    infos = [line for line in lines if line.startswith(_CACHE_CONFIG_PREFIX)]
-    kept = "\n".join(line for line in lines if not line.startswith(_CACHE_CONFIG_PREFIX))
+    infos = [line for line in lines if line.startswith(CACHE_CONFIG)]
+    kept = "\n".join(line for line in lines if not line.startswith(CACHE_CONFIG))
     try:
         for line in infos:
             labels, found = _cache_config_line(line)
@@ -235,11 +232,6 @@ def parse_vllm_metrics(text: str, model: str | None = None) -> EngineSample:
                     continue
                 labels = sample.labels
                 if model is not None and labels.get("model_name", model) != model:
-                    continue
-                if name == CACHE_CONFIG:  # an info gauge: the labels are the data (no model_name)
-                    found = _cache_config(labels)
-                    if found is not None:
-                        configs[labels.get("engine", "")] = found
                     continue
                 value = float(sample.value)
                 if not math.isfinite(value):
