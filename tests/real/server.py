@@ -21,6 +21,7 @@ from taogate.bench.procs import Child, LaunchError, free_port, launch
 SERVED_MODEL = "tiny-llama"  # both cards serve it, so the gateway sees one model on two instances
 START_TIMEOUT = 240.0  # seconds until /health answers; alone a server needs a few tens of seconds
 STOP_TIMEOUT = 20.0  # vLLM's own shutdown (engine core, workers) takes a few seconds
+NICENESS = 10  # the servers' scheduling priority below the gateway's and the tests' (see _run)
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 # The test venv's environment must not leak into the vLLM venv's interpreter.
 LEAKY_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
@@ -148,6 +149,11 @@ async def _run(python: Path, server: VllmServer, stack: contextlib.AsyncExitStac
         ready_within=START_TIMEOUT,
         stop_within=STOP_TIMEOUT,
         die_with_parent=True,
+        # The gateway and the load generator share this machine's cores with the servers, whose
+        # busy engines would otherwise keep them off the CPU for tenths of a second at a time
+        # (their event loop falls behind, every latency they time grows). In production the
+        # engines run on hardware of their own; niced, they yield to the gateway as they would.
+        niceness=NICENESS,
     )
     try:
         server.child = await stack.enter_async_context(launched)

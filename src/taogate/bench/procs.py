@@ -6,7 +6,8 @@ generator's. ``launch`` starts one and waits until it is ready, either by the li
 (``ready_prefix``: each such stdout line ends with a URL) or by HTTP (``ready_url``: every path of
 ``ready_paths`` answers 200). On exit the child gets SIGTERM, then SIGKILL after a bounded wait, or
 SIGKILL at once if the block is cancelled; it never outlives the block, and with ``die_with_parent``
-not even its parent, should that be killed outright (SIGKILL runs no exit handler).
+not even its parent, should that be killed outright (SIGKILL runs no exit handler). ``niceness``
+lowers the child's scheduling priority, and its children's, below the caller's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import ctypes
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -77,6 +78,29 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def _preexec(die_with_parent: bool, niceness: int) -> Callable[[], None] | None:
+    """What the child runs before exec: system calls only, nothing that could deadlock there."""
+    if not die_with_parent and niceness <= 0:
+        return None
+
+    def run() -> None:
+        if die_with_parent:
+            _die_with_parent()
+        if niceness > 0:
+            os.nice(niceness)  # inherited by whatever it starts
+
+    return run
+
+
+def _nice_session(pid: int, niceness: int) -> None:
+    """Where the kernel groups scheduling by session (autogroup), a process's nice value weighs
+    only against its own session's: a child in a session of its own competes with the caller's
+    as an equal, however nice it is. So the child's session is niced too (best effort: without
+    autogroup the file is absent, and the process's own nice value is what counts)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
+
+
 def _tail(log: Path | None, n: int = 20) -> str:
     if log is None:
         return ""
@@ -102,6 +126,7 @@ async def launch(
     stop_signal: int = signal.SIGTERM,
     stop_within: float = STOP_TIMEOUT_S,
     die_with_parent: bool = False,
+    niceness: int = 0,
 ) -> AsyncIterator[Child]:
     """Run ``cmd`` until the block exits; ready as the module docstring says. stderr goes to
     ``log`` (or is inherited); stdout is read for the ready lines, then drained into ``log``, or
@@ -121,9 +146,10 @@ async def launch(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,  # its own process group: a stop reaches whatever it started
-            # a prctl call only: nothing that could deadlock between fork and exec
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=_preexec(die_with_parent, niceness),
         )
+        if niceness > 0:
+            _nice_session(proc.pid, niceness)
     finally:
         if stderr is not None:
             stderr.close()
