@@ -52,6 +52,15 @@ def test_learned_relative_speed_is_used_when_there_is_no_probe() -> None:
     assert v.kind == "slow" and v.instance == "i3"
 
 
+def test_an_instance_whose_probes_all_failed_is_judged_by_the_learned_speeds() -> None:
+    # Left out of the probes' comparison, it would pass for as fast as the others.
+    probes = {**FAST, "i3": 0.0}
+    rel = {"i0": 1.0, "i1": 1.05, "i2": 0.98, "i3": 0.3}
+    v = decide(Evidence(run(EVEN), run(EVEN), 32, 8, probes, rel))
+    assert v.kind == "slow" and v.instance == "i3"
+    assert any(line.startswith("no probe of i3 came back") for line in v.evidence)
+
+
 def test_a_mildly_slower_instance_is_not_flagged() -> None:
     v = decide(Evidence(run(EVEN), run(EVEN), 32, 8, {**FAST, "i1": 12000.0}))
     assert v.kind == "balanced"

@@ -18,8 +18,8 @@ per-instance completion times of both runs and each gateway's learned ``relative
   cap could not bind: the difference is noise), nor when a probed-slow instance already got under
   0.75x its fair share of run A (dispatch routes around it: the verdict is the instance's).
 - **slow** (exit 2): the lower cap did not help, and an instance's probed speed is below ``slow``
-  (0.6) x the fleet's median, its best try too below the midway to the median (without probes: the
-  gateway's learned ``relative_speed``).
+  (0.6) x the fleet's median, its best try too below the midway to the median (without probes, or
+  when an instance's probes all failed: the gateway's learned ``relative_speed``).
 - **balanced** (exit 0): run A's max/mean is within ``IMBALANCE_RATIO`` (2); when the lowered cap
   never bound, runs A and B are the same load twice and the better of the two is judged (a stall of
   the machine lifts one try's max, an imbalance inside vLLM shows in both).
@@ -160,7 +160,18 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
             "gateway's learned relative speed: "
             + ", ".join(f"{k} {v:.2f}" for k, v in ev.relative_speed.items())
         )
-    slowest = _slowest(ev.probe_speeds or ev.relative_speed, slow, ev.probe_range)
+    probed = {k: v for k, v in ev.probe_speeds.items() if v > 0}
+    unprobed = [k for k in ev.probe_speeds if k not in probed]
+    if unprobed:
+        # An instance left out of the probes' comparison would pass for as fast as the rest.
+        lines.append(
+            f"no probe of {', '.join(unprobed)} came back with a first token: the slow-instance "
+            "check uses the gateway's learned speeds"
+        )
+    if probed and not unprobed:
+        slowest = _slowest(probed, slow, ev.probe_range)
+    else:
+        slowest = _slowest(ev.relative_speed, slow)
     dispatch_fixed_it = gain >= drop
     if dispatch_fixed_it and ev.peak_per_instance is not None and ev.peak_per_instance <= ev.low_cap:
         lines.append(

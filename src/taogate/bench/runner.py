@@ -98,8 +98,11 @@ def request_body(spec: RequestSpec, model: str, temperature: float = 0.0) -> tup
 
 
 def _has_token(event: Mapping[str, Any]) -> bool:
+    """The event brings the first token: text, or the end of the answer. A token can carry no text
+    (a character split over two byte-level tokens), and when it is the only one (``max_tokens``
+    1) the event that ends the answer is the one that brought it."""
     for choice in event.get("choices") or ():
-        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+        if choice.get("text") or (choice.get("delta") or {}).get("content") or choice.get("finish_reason"):
             return True
     return False
 
