@@ -264,6 +264,55 @@ def test_engine_windows_are_not_discounted_by_the_gateways_fixed_latency() -> No
     assert sample == pytest.approx(4000.0)
 
 
+def _engine_instance(est: SpeedEstimator, name: str) -> None:
+    """An instance that reports its phases and was learned at 10k tokens/s, fixed latency 20 ms."""
+    for _ in range(5):
+        est.observe_first_token(name, ttft=0.02, ahead_tokens=0, uncached_tokens=10)
+        est.observe_engine(name, requests=4, prefill_seconds=0.1, computed_tokens=1000.0)
+
+
+def test_a_first_token_held_up_outside_the_engine_teaches_nothing() -> None:
+    est = SpeedEstimator(10_000.0, small_tokens=128)
+    _engine_instance(est, "a")
+    before = est.speed("a")
+    # Two answers took 0.5 s to a first token, while the engine queued and prefilled them in 0.1 s:
+    # the other 0.4 s went elsewhere (its HTTP server, a stalled host), not to a slow prefill.
+    for _ in range(2):
+        assert est.observe_first_token("a", ttft=0.5, ahead_tokens=0, uncached_tokens=1000, hold=True) is None
+    assert est.speed("a") == before  # held: dispatch goes on with what it knew
+    sample = est.observe_engine(
+        "a", requests=2, prefill_seconds=0.08, queue_seconds=0.02, computed_tokens=1000.0
+    )
+    assert sample == pytest.approx(12_500.0)  # the window taught its two requests itself
+    assert est.speed("a") >= before
+
+
+def test_a_held_first_token_the_engine_vouches_for_teaches_as_it_came() -> None:
+    held, direct = SpeedEstimator(10_000.0), SpeedEstimator(10_000.0)
+    for est in (held, direct):
+        _engine_instance(est, "a")
+    # A slow prefill, in the engine too: the TTFT was the engine's time and the fixed latency.
+    held.observe_first_token("a", ttft=0.5, ahead_tokens=0, uncached_tokens=1000, hold=True)
+    held.observe_engine("a", requests=1, prefill_seconds=0.45, computed_tokens=1000.0)
+    direct.observe_first_token("a", ttft=0.5, ahead_tokens=0, uncached_tokens=1000)
+    direct.observe_engine("a", requests=1, prefill_seconds=0.45, computed_tokens=1000.0)
+    assert held.speed("a") == pytest.approx(direct.speed("a"))
+    assert held.speed("a") < 9_000.0
+
+
+def test_held_first_tokens_teach_when_no_window_comes() -> None:
+    est = SpeedEstimator(10_000.0)
+    _engine_instance(est, "a")
+    before = est.speed("a")
+    est.observe_first_token("a", ttft=0.5, ahead_tokens=0, uncached_tokens=1000, hold=True)
+    est.settle("a")  # a scrape that saw nothing finish
+    assert est.speed("a") < before
+    # Without ``hold`` (the instance's engine stats went stale), a sample teaches at once.
+    again = est.speed("a")
+    assert est.observe_first_token("a", ttft=0.5, ahead_tokens=0, uncached_tokens=1000) is not None
+    assert est.speed("a") < again
+
+
 def test_engine_learned_speeds_are_not_capped() -> None:
     # Computed tokens exclude cache hits: a card ten times faster is not held at fast_cap (2x).
     est = SpeedEstimator(1000.0, fast_cap=2.0)

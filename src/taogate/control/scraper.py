@@ -118,7 +118,10 @@ class Scraper:
                     computed_tokens=window.computed_tokens,
                     prompt_tokens=window.prompt_tokens,
                     decode_seconds_per_token=window.decode_seconds_per_token,
+                    queue_seconds=window.queue_seconds,
                 )
+            else:
+                self._fleet.speeds.settle(inst.name)
         if not inst.scrape_ok:
             inst.scrape_ok = True
             log.info("instance %s: engine metrics are back", inst.name)

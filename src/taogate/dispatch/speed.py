@@ -14,6 +14,15 @@ requests in it not already learned from one by one. A non-stream answer's prefil
 its decode without assuming a pace: where the engine reports none, its duration less the decode at
 the pace learned from streams teaches (not at all while no pace is known, or when decoding dominates).
 
+**Checked against the engine.** A TTFT can hold time spent outside the engine: the instance's
+HTTP server or tokenizer held up, a stalled host. Where the engine reports its phases, a TTFT is
+held (``hold``) until the instance's next window: if the window's requests spent far less in the
+engine (waiting for a slot and prefilling) than the held TTFTs took, the time was lost outside the
+engine's prefill and the TTFTs teach nothing; the window teaches its requests itself. Otherwise,
+or when a scrape brings no window (``settle``), they teach as they came. Unchecked, one answer
+held up outside the engine made an idle card look several times slower, and dispatch, avoiding
+it from then on, never learned better.
+
 **Fixed latency.** ``ttft ≈ base + work / speed``: each instance learns ``base`` from samples under
 ``small_tokens`` of work and its speed only from larger ones, as ``work / (ttft - base)``, so short
 prompts do not make a card look slow; its ``base`` still shows a slow card that gets only those.
@@ -38,6 +47,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 
+from .speed_params import derive, fleet_median
 from .speed_state import SpeedStat, State
 
 __all__ = ["ALPHA", "SpeedEstimator", "SpeedStat"]
@@ -47,29 +57,15 @@ __all__ = ["ALPHA", "SpeedEstimator", "SpeedStat"]
 ALPHA = 0.3
 #: How many full-size samples the configured seed is worth: little, the first real sample dominates.
 _SEED_WEIGHT = 0.1
-#: Small-work samples before an instance's fixed latency is compared with the others'.
-_MIN_BASE_SAMPLES = 3
 #: At most this many requests of one engine window count as separate samples (some memory stays).
 _MAX_WINDOW_WEIGHT = 8.0
-
-
-def _median_without(ordered: list[float], i: int) -> float:
-    """Median of the sorted list ``ordered`` with its ``i``-th element left out (needs ≥ 2 elements)."""
-    m = len(ordered) - 1
-
-    def at(j: int) -> float:
-        return ordered[j] if j < i else ordered[j + 1]
-
-    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
-
-
-def _dispatch_base(state: State, fleet_median: float) -> float:
-    """The fixed latency dispatch assumes for an instance. Until it has a few samples of its own,
-    it counts no higher than the fleet's: one stalled first answer must not make an instance look
-    slow for good, since an instance dispatch avoids teaches nothing more."""
-    if state.base_n >= _MIN_BASE_SAMPLES:
-        return state.base
-    return min(state.base, fleet_median) if state.base_n else fleet_median
+#: Held first tokens beyond this many teach at once, oldest first (the engine's windows stopped).
+_MAX_HELD = 32
+#: Held TTFTs that took more than this many times the engine's own time for a request (waiting
+#: for a slot plus prefill) and the fixed latency, and ``_OUTSIDE_SECONDS`` more, were held up
+#: outside the engine's prefill.
+_OUTSIDE_RATIO = 2.0
+_OUTSIDE_SECONDS = 0.05
 
 
 class SpeedEstimator:
@@ -151,48 +147,15 @@ class SpeedEstimator:
         return state
 
     def _refresh(self) -> None:
-        """Recompute the speeds dispatch reads (after every change; O(n log n) in the fleet size).
-
-        An instance without samples sits at its weight × the fleet's learned median per unit weight,
-        not at a stale seed (a slow card with no first token yet would look the fastest and draw the
-        burst); the cap of the module docstring applies. One with less than a full-size sample of
-        evidence whose fixed latency is well above the others' is scaled down by that ratio (at most
-        4×, fading as evidence comes in): when all it gets are cache hits or short prompts, that is the
-        only sign of a slow card, and a card whose every step is slower prefills slower. Never scaled
-        up: a low base may just be a shorter network path.
-        """
-        bases = {
-            n: st.base for n, st in self._states.items() if st.base_n >= _MIN_BASE_SAMPLES and st.base > 0
-        }
-        learned = sorted(
-            (math.exp(st.log_speed) / st.weight, name) for name, st in self._states.items() if st.evidence > 0
+        """Recompute what dispatch reads (``speed_params.derive``; after every change)."""
+        derived = derive(
+            self._states,
+            nominal=self._nominal,
+            fast_cap=self._fast_cap,
+            base_prior=self._base_prior,
+            tpot_prior=self._tpot,
         )
-        values = [v for v, _ in learned]
-        self._base = statistics.median(values) if values else self._nominal
-        speeds = {name: st.weight * self._base for name, st in self._states.items()}
-        for i, (value, name) in enumerate(learned):
-            state = self._states[name]
-            weight = state.weight
-            capped = len(values) > 1 and state.guessed and not state.engine
-            cap = self._fast_cap * _median_without(values, i) if capped else math.inf
-            speeds[name] = weight * min(value, cap)
-        for name, st in self._states.items():
-            own = bases.get(name)
-            others = [b for n, b in bases.items() if n != name]
-            if st.evidence < 1.0 and own is not None and others:
-                factor = min(1.0, max(0.25, statistics.median(others) / own))
-                speeds[name] *= factor ** (1.0 - st.evidence)
-        self._speeds = speeds
-        base_median = self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
-        tpot_median = self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
-        self._params = {
-            name: (
-                speeds[name],
-                _dispatch_base(st, base_median),
-                st.tpot if st.tpot_n > 0 else self._unknown_tpot(name, st, tpot_median),
-            )
-            for name, st in self._states.items()
-        }
+        self._base, self._speeds, self._params = derived.unit, derived.speeds, derived.params
         self._stale = False
         if self._rebuild_every > 0:
             self._built = self._clock()
@@ -258,14 +221,18 @@ class SpeedEstimator:
         prompt_tokens: float | None = None,
         exact: bool = False,
         queued: bool = False,
+        hold: bool = False,
     ) -> float | None:
-        """Learn from a first token after ``ttft`` s; returns the sample used, or None if unusable.
+        """Learn from a first token after ``ttft`` s; returns the sample used, or None if unusable
+        or held.
 
         ``prompt_tokens`` (cache hits included) teaches how much of the queued work the prefix cache
         saves. ``uncached_tokens`` None: vLLM did not say which were hits; where the engine reports
         its phases, its computed share stands in. ``exact``: nothing could hit the cache (a salted
         warm-up). ``queued``: the engine had requests waiting, so the TTFT may include a wait for a
         batch slot no booked work explains; where the engine reports phases, its window teaches it.
+        ``hold``: the instance's engine stats are fresh, so its next window will come; where it
+        reports phases, the sample waits for that window to vouch for it (module docstring).
         """
         state = self._state(name)
         if uncached_tokens is None:
@@ -283,7 +250,27 @@ class SpeedEstimator:
             return None
         state.guessed |= not exact
         state.taught += 1
-        return self._sample(state, max(0.0, uncached_tokens), work, ttft, 1.0)
+        own = max(0.0, uncached_tokens)
+        if not (hold and state.engine and not exact):
+            self._settle(state)
+            return self._sample(state, own, work, ttft, 1.0)
+        state.held.append((ttft, own, work))
+        if len(state.held) > _MAX_HELD:
+            ttft, own, work = state.held.pop(0)
+            self._sample(state, own, work, ttft, 1.0)
+        return None
+
+    def _settle(self, state: State) -> None:
+        """Held first tokens teach as they came."""
+        held, state.held = state.held, []
+        for ttft, own, work in held:
+            self._sample(state, own, work, ttft, 1.0)
+
+    def settle(self, name: str) -> None:
+        """A scrape brought no engine window: the first tokens held for one teach as they came."""
+        state = self._states.get(name)
+        if state is not None and state.held:
+            self._settle(state)
 
     def observe_completion(
         self,
@@ -333,13 +320,25 @@ class SpeedEstimator:
         computed_tokens: float,
         prompt_tokens: float | None = None,
         decode_seconds_per_token: float | None = None,
+        queue_seconds: float = 0.0,
     ) -> float | None:
         """Learn from what the engine measured over one scrape window (means per finished request),
-        for the requests of it not already learned from one by one. Returns the speed sample used."""
+        for the requests of it not already learned from one by one, and judge the first tokens held
+        for it (``queue_seconds``: the mean wait for a slot). Returns the speed sample used."""
         if not (requests >= 1 and prefill_seconds > 0 and math.isfinite(prefill_seconds + computed_tokens)):
+            self.settle(name)
             return None
         state = self._state(name)
         state.engine = True
+        held, state.held = state.held, []
+        if held:
+            took = sum(t for t, _, _ in held) / len(held)
+            inside = max(0.0, queue_seconds) + prefill_seconds + max(0.0, state.base)
+            if took > _OUTSIDE_RATIO * inside and took - inside > _OUTSIDE_SECONDS:
+                state.taught = max(0, state.taught - len(held))  # held up outside: the window teaches
+            else:
+                for ttft, own, work in held:
+                    self._sample(state, own, work, ttft, 1.0)
         untaught = max(0.0, requests - state.taught)
         state.taught = 0
         count = min(untaught, _MAX_WINDOW_WEIGHT)
@@ -390,7 +389,7 @@ class SpeedEstimator:
         params = self._params.get(name)
         if params is not None:
             return params[1]
-        return self._fleet_median(lambda st: st.base if st.base_n > 0 else None, self._base_prior)
+        return fleet_median(self._states, lambda st: st.base if st.base_n > 0 else None, self._base_prior)
 
     def decode_seconds_per_token(self, name: str) -> float:
         """Learned seconds per output token. Until this instance has a decode sample: the fleet's
@@ -400,24 +399,7 @@ class SpeedEstimator:
         params = self._params.get(name)
         if params is not None:
             return params[2]
-        return self._fleet_median(lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
-
-    def _unknown_tpot(self, name: str, state: State, median: float) -> float:
-        """``decode_seconds_per_token`` of an instance without a decode sample (see there); reads
-        the speeds ``_refresh`` has just set."""
-        speeds = self._speeds
-        factor = 1.0
-        others = [speeds[n] / st.weight for n, st in self._states.items() if n != name and st.evidence > 0]
-        if state.evidence > 0 and others:
-            factor = statistics.median(others) / max(speeds[name] / state.weight, 1e-9)
-        bases = [st.base for n, st in self._states.items() if n != name and st.base_n >= _MIN_BASE_SAMPLES]
-        if state.base_n >= _MIN_BASE_SAMPLES and state.base > 0 and bases:
-            factor = max(factor, state.base / statistics.median(bases))
-        return median * min(4.0, max(1.0, factor))
-
-    def _fleet_median(self, value: Callable[[State], float | None], default: float) -> float:
-        known = [v for v in map(value, self._states.values()) if v is not None]
-        return statistics.median(known) if known else default
+        return fleet_median(self._states, lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
 
     def params(self, name: str) -> tuple[float, float, float]:
         """(speed, base latency, seconds per output token) of one instance: what a dispatch view

@@ -20,6 +20,7 @@ class State:
         "engine",
         "evidence",
         "guessed",
+        "held",
         "log_speed",
         "n",
         "taught",
@@ -42,3 +43,5 @@ class State:
         self.engine = False  # the instance reports its own phase times: learn from those only
         self.guessed = False  # learned from a sample whose cache hits were not known (see the cap)
         self.taught = 0  # requests learned from one by one since the last engine window
+        # (ttft, own, work) of first tokens waiting for the engine's next window to vouch for them
+        self.held: list[tuple[float, float, float]] = []

@@ -72,13 +72,15 @@ class Accounting:
         uncached = max(1, total - (cached or 0))
         if facts.stream:
             details = cached is not None
+            now = self.clock()
             self.speeds.observe_first_token(
                 name,
                 ttft=rec.ttfb,
                 ahead_tokens=lease.ahead_tokens,
                 uncached_tokens=uncached if details else None,
                 prompt_tokens=total,
-                queued=waiting_for_slots(inst, self.clock()),
+                queued=waiting_for_slots(inst, now),
+                hold=inst.engine_stats(now) is not None,  # its next window is coming
             )
             if completion:  # the decode pace, which non-stream samples need to find their prefill time
                 self.speeds.observe_completion(

@@ -1,0 +1,111 @@
+"""What dispatch reads of each instance: its speed, fixed latency and decode pace, derived from
+every instance's learned ``State`` at once (``SpeedEstimator`` keeps the states and calls
+``derive`` after each change; O(n log n) in the fleet size).
+
+* **Speed.** An instance without samples sits at its weight × the fleet's learned median per unit
+  weight, not at a stale seed (a slow card with no first token yet would look the fastest and draw
+  the burst). A speed learned from the gateway's timings alone is capped (``fast_cap``, see
+  ``speed``). One with less than a full-size sample of evidence whose fixed latency is well above
+  the others' is scaled down by that ratio (at most 4×, fading as evidence comes in): when all it
+  gets are cache hits or short prompts, that is the only sign of a slow card, and a card whose
+  every step is slower prefills slower. Never scaled up: a low base may just be a shorter path.
+* **Fixed latency.** Until an instance has a few small samples of its own, it counts no higher than
+  the fleet's: one stalled first answer must not make an instance look slow for good, since an
+  instance dispatch avoids teaches nothing more.
+* **Decode pace.** Until an instance has a decode sample: the fleet's median, scaled up (at most
+  4×) by how much slower its prefill speed or fixed latency has shown it to be: a card whose every
+  engine step is slower decodes slower too.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .speed_state import State
+
+__all__ = ["MIN_BASE_SAMPLES", "Derived", "derive", "fleet_median"]
+
+#: Small-work samples before an instance's fixed latency is compared with the others'.
+MIN_BASE_SAMPLES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    unit: float  # the fleet's learned median speed per unit weight
+    speeds: dict[str, float]
+    params: dict[str, tuple[float, float, float]]  # (speed, fixed latency, seconds per output token)
+
+
+def fleet_median(
+    states: Mapping[str, State], value: Callable[[State], float | None], default: float
+) -> float:
+    known = [v for v in map(value, states.values()) if v is not None]
+    return statistics.median(known) if known else default
+
+
+def _median_without(ordered: list[float], i: int) -> float:
+    """Median of the sorted list ``ordered`` with its ``i``-th element left out (needs ≥ 2 elements)."""
+    m = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j] if j < i else ordered[j + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
+
+
+def _dispatch_base(state: State, median: float) -> float:
+    if state.base_n >= MIN_BASE_SAMPLES:
+        return state.base
+    return min(state.base, median) if state.base_n else median
+
+
+def _unknown_tpot(
+    name: str, states: Mapping[str, State], speeds: Mapping[str, float], median: float
+) -> float:
+    state = states[name]
+    factor = 1.0
+    others = [speeds[n] / st.weight for n, st in states.items() if n != name and st.evidence > 0]
+    if state.evidence > 0 and others:
+        factor = statistics.median(others) / max(speeds[name] / state.weight, 1e-9)
+    bases = [st.base for n, st in states.items() if n != name and st.base_n >= MIN_BASE_SAMPLES]
+    if state.base_n >= MIN_BASE_SAMPLES and state.base > 0 and bases:
+        factor = max(factor, state.base / statistics.median(bases))
+    return median * min(4.0, max(1.0, factor))
+
+
+def derive(
+    states: Mapping[str, State], *, nominal: float, fast_cap: float, base_prior: float, tpot_prior: float
+) -> Derived:
+    """Every instance's dispatch parameters, as the module docstring says."""
+    bases = {n: st.base for n, st in states.items() if st.base_n >= MIN_BASE_SAMPLES and st.base > 0}
+    learned = sorted(
+        (math.exp(st.log_speed) / st.weight, name) for name, st in states.items() if st.evidence > 0
+    )
+    values = [v for v, _ in learned]
+    unit = statistics.median(values) if values else nominal
+    speeds = {name: st.weight * unit for name, st in states.items()}
+    for i, (value, name) in enumerate(learned):
+        state = states[name]
+        capped = len(values) > 1 and state.guessed and not state.engine
+        cap = fast_cap * _median_without(values, i) if capped else math.inf
+        speeds[name] = state.weight * min(value, cap)
+    for name, st in states.items():
+        own = bases.get(name)
+        others = [b for n, b in bases.items() if n != name]
+        if st.evidence < 1.0 and own is not None and others:
+            factor = min(1.0, max(0.25, statistics.median(others) / own))
+            speeds[name] *= factor ** (1.0 - st.evidence)
+    base_median = fleet_median(states, lambda st: st.base if st.base_n > 0 else None, base_prior)
+    tpot_median = fleet_median(states, lambda st: st.tpot if st.tpot_n > 0 else None, tpot_prior)
+    params = {
+        name: (
+            speeds[name],
+            _dispatch_base(st, base_median),
+            st.tpot if st.tpot_n > 0 else _unknown_tpot(name, states, speeds, tpot_median),
+        )
+        for name, st in states.items()
+    }
+    return Derived(unit, speeds, params)
