@@ -313,6 +313,16 @@ def test_held_first_tokens_teach_when_no_window_comes() -> None:
     assert est.speed("a") < again
 
 
+def test_a_small_first_token_teaches_the_fixed_latency_at_once_even_when_held() -> None:
+    # A card across a slow link: its 0.2 s path is outside the engine by nature, and the small
+    # prompts that teach it must not wait for, or be judged by, the engine's windows.
+    est = SpeedEstimator(10_000.0, small_tokens=128)
+    _engine_instance(est, "far")
+    for _ in range(5):
+        assert est.observe_first_token("far", ttft=0.2, ahead_tokens=0, uncached_tokens=10, hold=True) is None
+    assert est.base_latency("far") > 0.1  # from 0.02, on its way to 0.2
+
+
 def test_engine_learned_speeds_are_not_capped() -> None:
     # Computed tokens exclude cache hits: a card ten times faster is not held at fast_cap (2x).
     est = SpeedEstimator(1000.0, fast_cap=2.0)

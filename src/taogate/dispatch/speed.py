@@ -15,13 +15,13 @@ its decode without assuming a pace: where the engine reports none, its duration 
 the pace learned from streams teaches (not at all while no pace is known, or when decoding dominates).
 
 **Checked against the engine.** A TTFT can hold time spent outside the engine: the instance's
-HTTP server or tokenizer held up, a stalled host. Where the engine reports its phases, a TTFT is
-held (``hold``) until the instance's next window: if the window's requests spent far less in the
-engine (waiting for a slot and prefilling) than the held TTFTs took, the time was lost outside the
-engine's prefill and the TTFTs teach nothing; the window teaches its requests itself. Otherwise,
-or when a scrape brings no window (``settle``), they teach as they came. Unchecked, one answer
-held up outside the engine made an idle card look several times slower, and dispatch, avoiding
-it from then on, never learned better.
+HTTP server or tokenizer held up, a stalled host. Where the engine reports its phases, a TTFT
+that teaches a speed is held (``hold``) until the instance's next window: if the window's
+requests spent far less in the engine (waiting for a slot and prefilling) than the held TTFTs
+took, the time was lost outside the engine's prefill and the TTFTs teach nothing; the window
+teaches its requests itself. Otherwise, or when a scrape brings no window (``settle``), they teach
+as they came. Unchecked, one answer held up outside the engine made an idle card look several
+times slower, and dispatch, avoiding it from then on, never learned better.
 
 **Fixed latency.** ``ttft ≈ base + work / speed``: each instance learns ``base`` from samples under
 ``small_tokens`` of work and its speed only from larger ones, as ``work / (ttft - base)``, so short
@@ -251,7 +251,8 @@ class SpeedEstimator:
         state.guessed |= not exact
         state.taught += 1
         own = max(0.0, uncached_tokens)
-        if not (hold and state.engine and not exact):
+        # Small work teaches the fixed latency, which is time outside the engine by nature.
+        if work < self._small or not (hold and state.engine and not exact):
             self._settle(state)
             return self._sample(state, own, work, ttft, 1.0)
         state.held.append((ttft, own, work))
