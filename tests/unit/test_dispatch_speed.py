@@ -136,6 +136,28 @@ def test_detector_flags_the_slow_one_with_hysteresis() -> None:
     assert slow_instances({"a": SpeedStat(1000, 50, 50), "d": SpeedStat(400, 50, 50)}, rule=rule) == {"d"}
 
 
+def test_samples_that_stray_far_need_a_wider_gap_before_a_flag() -> None:
+    # Equal cards on a busy host: one answer's speed strays by half or double, and their
+    # estimates wander to 0.4x of each other. Judged by the assumed 0.3 they would be flagged.
+    fast = SpeedStat(25_000, 40, 30.0)
+    assert slow_instances({"a": fast, "b": SpeedStat(10_000, 20, 10.0)}) == {"b"}
+    assert slow_instances({"a": fast, "b": SpeedStat(10_000, 20, 10.0, spread=0.7)}) == frozenset()
+    assert evidence_needed(0.4, SlowRule(), spread=0.7) > SlowRule().memory
+    # A card at a tenth of the others' stays far outside even that noise.
+    assert slow_instances({"a": fast, "b": SpeedStat(2_500, 20, 10.0, spread=0.7)}) == {"b"}
+
+
+def test_the_estimator_reports_how_far_its_samples_stray() -> None:
+    steady, jumpy = SpeedEstimator(10_000.0), SpeedEstimator(10_000.0)
+    for n in range(12):
+        steady.observe_first_token("a", ttft=1.0, ahead_tokens=0, uncached_tokens=10_000)
+        ttft = 0.5 if n % 2 else 2.0  # twice as fast, then half as fast
+        jumpy.observe_first_token("a", ttft=ttft, ahead_tokens=0, uncached_tokens=10_000)
+    assert steady.snapshot()["a"].spread < 0.05
+    assert 0.5 < jumpy.snapshot()["a"].spread < 1.5
+    assert SpeedEstimator().snapshot() == {}  # nothing seen, nothing reported
+
+
 def test_the_further_below_the_less_evidence_a_flag_needs() -> None:
     # Good dispatch starves a slow card of samples: at a tenth of the others' speed, its warm-up's
     # one full-size sample is enough; just under the line, dozens would be needed, more than the

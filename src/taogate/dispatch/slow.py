@@ -10,13 +10,19 @@ traffic, hence fewer samples, it gets. So the evidence a flag needs shrinks with
 built from ``e`` full-size samples is off by about ``noise / sqrt(e)`` in log speed, and a card is
 flagged once its gap below the line, ``ln(ratio / relative)``, exceeds ``confidence`` such errors.
 A card at a tenth of the others' speed is flagged on its first full-size sample (a warm-up's).
+``noise`` is the least spread assumed: where an instance's samples stray further from its
+estimate (``SpeedStat.spread``: a busy host, an HTTP server that stalls now and then), that spread
+is the yardstick, as the estimate is that much less sure. Judged by the assumed spread alone,
+identical real cards on a busy host were flagged slow by most gateways that served them
+(measured: benchmarks/README.md).
 
 **Memory.** The learned speed is an EWMA: however many samples it has seen, it rests on about
 ``memory`` of them (``(2 - alpha) / alpha``, the estimator's smoothing), and its error stops
 shrinking there. Counting every sample ever seen would grow a confidence the estimate never has:
 under load, equal cards' estimates wander to half of each other's and one got flagged. So the
 evidence judged is at most ``memory``, and a card needs to be below about 0.47x the others' (at
-the defaults) to be flagged at all: a card just under the line is within its own estimate's noise.
+the defaults, less where its samples stray further) to be flagged at all: a card just under the
+line is within its own estimate's noise.
 """
 
 from __future__ import annotations
@@ -38,17 +44,18 @@ class SlowRule:
     ratio: float = 0.6
     recover_ratio: float = 0.75
     min_evidence: float = 0.5  # full-size samples before an instance is judged or is a yardstick
-    noise: float = 0.3  # spread of one sample's log speed (run-to-run noise of a real card)
+    noise: float = 0.3  # least spread of one sample's log speed assumed (a real card's run-to-run noise)
     confidence: float = 2.0  # standard errors the gap below ``ratio`` must exceed
     memory: float = (2 - ALPHA) / ALPHA  # samples a learned speed's EWMA rests on
 
 
-def evidence_needed(relative: float, rule: SlowRule = SlowRule()) -> float:
-    """Full-size samples a card at ``relative`` × the others' speed needs before it is flagged."""
+def evidence_needed(relative: float, rule: SlowRule = SlowRule(), spread: float = 0.0) -> float:
+    """Full-size samples a card at ``relative`` × the others' speed needs before it is flagged, its
+    samples straying ``spread`` from its estimate (at least ``rule.noise`` is assumed)."""
     if relative >= rule.ratio:
         return math.inf
     gap = math.log(rule.ratio / max(relative, 1e-9))
-    return max(rule.min_evidence, (rule.confidence * rule.noise / gap) ** 2)
+    return max(rule.min_evidence, (rule.confidence * max(rule.noise, spread) / gap) ** 2)
 
 
 def slow_instances(
@@ -72,6 +79,8 @@ def slow_instances(
         if name in flagged:
             if rel < rule.recover_ratio:
                 out.add(name)
-        elif min(stat.evidence, max(rule.memory, rule.min_evidence)) >= evidence_needed(rel, rule):
+        elif min(stat.evidence, max(rule.memory, rule.min_evidence)) >= evidence_needed(
+            rel, rule, stat.spread
+        ):
             out.add(name)
     return frozenset(out)

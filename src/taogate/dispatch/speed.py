@@ -163,13 +163,21 @@ class SpeedEstimator:
     # --- samples -------------------------------------------------------------------------------------
 
     def _learn(self, state: State, sample: float, work: float, trust: float, *, count: float = 1.0) -> float:
-        if state.evidence <= 0:  # start from the fleet's scale, not from a seed that may be stale
+        first = state.evidence <= 0
+        if first:  # start from the fleet's scale, not from a seed that may be stale
             self._fresh()
             state.log_speed = math.log(state.weight * self._base)
         log_sample = math.log(sample)
         if state.evidence >= 3.0:  # warm: one stalled or lucky request moves the estimate only so far
             lo, hi = state.log_speed - self._log_clamp, state.log_speed + self._log_clamp
             log_sample = min(hi, max(lo, log_sample))
+        if not first:
+            # How far samples stray from the estimate: the slow-card detector's yardstick. A window's
+            # sample is a mean of ``count`` requests, which strays by a root of ``count`` less.
+            deviation = log_sample - state.log_speed
+            state.dev_n += 1
+            step = max(self._alpha, 1.0 / state.dev_n)
+            state.dev2 += step * (deviation * deviation * min(count, _MAX_WINDOW_WEIGHT) - state.dev2)
         weight = trust * work / (work + self._ref) * count
         # A weighted running mean (the seed counting as a tenth of a sample) until the EWMA is faster;
         # ``count`` equal samples at once move the EWMA as far as that many one by one.
@@ -421,4 +429,9 @@ class SpeedEstimator:
     def snapshot(self) -> dict[str, SpeedStat]:
         """Every instance's speed and sample counts, the input of ``slow_instances``."""
         self._fresh()
-        return {name: SpeedStat(self._speeds[name], st.n, st.evidence) for name, st in self._states.items()}
+        return {
+            name: SpeedStat(
+                self._speeds[name], st.n, st.evidence, math.sqrt(st.dev2) if st.dev_n >= 2 else 0.0
+            )
+            for name, st in self._states.items()
+        }

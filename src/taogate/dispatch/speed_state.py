@@ -11,12 +11,15 @@ class SpeedStat(NamedTuple):
     speed: float  # prompt tokens per second of prefill
     samples: int  # samples taken
     evidence: float  # samples weighted by the work they covered: full-size-sample equivalents
+    spread: float = 0.0  # how far one sample's log speed strays from the estimate (0: unknown yet)
 
 
 class State:
     __slots__ = (
         "base",
         "base_n",
+        "dev2",
+        "dev_n",
         "engine",
         "evidence",
         "guessed",
@@ -35,6 +38,8 @@ class State:
         self.weight = weight
         self.n = 0
         self.evidence = 0.0
+        self.dev2 = 0.0  # running mean of a sample's squared log deviation from the estimate
+        self.dev_n = 0  # samples it has seen
         self.tpot = tpot  # seconds per output token while decoding
         self.tpot_n = 0  # decode-pace samples seen
         self.uncached_ratio = 1.0  # recent uncached / prompt tokens: what prefix caching leaves to do
