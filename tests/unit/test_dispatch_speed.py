@@ -302,6 +302,8 @@ def test_a_first_token_held_up_outside_the_engine_teaches_nothing() -> None:
     for _ in range(2):
         assert est.observe_first_token("a", ttft=0.5, ahead_tokens=0, uncached_tokens=1000, hold=True) is None
     assert est.speed("a") == before  # held: dispatch goes on with what it knew
+    est.observe_first_token("a", ttft=0.02, ahead_tokens=0, uncached_tokens=10, hold=True)
+    assert est.speed("a") == before  # a small one teaches the fixed latency, and releases nothing
     sample = est.observe_engine(
         "a", requests=2, prefill_seconds=0.08, queue_seconds=0.02, computed_tokens=1000.0
     )

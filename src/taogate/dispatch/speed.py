@@ -259,9 +259,10 @@ class SpeedEstimator:
         state.guessed |= not exact
         state.taught += 1
         own = max(0.0, uncached_tokens)
-        # Small work teaches the fixed latency, which is time outside the engine by nature.
-        if work < self._small or not (hold and state.engine and not exact):
-            self._settle(state)
+        if not (hold and state.engine and not exact):
+            self._settle(state)  # no window to wait for: what was held teaches as it came
+            return self._sample(state, own, work, ttft, 1.0)
+        if work < self._small:  # it teaches the fixed latency: time outside the engine by nature
             return self._sample(state, own, work, ttft, 1.0)
         state.held.append((ttft, own, work))
         if len(state.held) > _MAX_HELD:
