@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -256,14 +257,15 @@ def test_promtool_check_config() -> None:
 
 
 @asynccontextmanager
-async def _processes(*argvs: list[str]) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+async def _processes(logs: Path, *argvs: list[str]) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """The processes, each writing its output to ``logs/<n>.log`` (what a failure shows)."""
     env = {**os.environ, "TAOTOKEN_API_KEY": KEY}
-    procs = [
-        await asyncio.create_subprocess_exec(
-            *argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        for argv in argvs
-    ]
+    procs = []
+    for n, argv in enumerate(argvs):
+        with (logs / f"{n}.log").open("wb") as out:
+            procs.append(
+                await asyncio.create_subprocess_exec(*argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            )
     try:
         yield procs
     finally:
@@ -274,15 +276,28 @@ async def _processes(*argvs: list[str]) -> AsyncIterator[list[asyncio.subprocess
             await asyncio.wait_for(proc.wait(), 40)
 
 
-async def _until_ok(h: httpx.AsyncClient, url: str, seconds: float = 20) -> None:
-    for _ in range(int(seconds / 0.05)):
+def _tails(logs: Path, procs: list[asyncio.subprocess.Process]) -> str:
+    return "\n".join(
+        f"process {n} (exit {p.returncode}):\n"
+        + "\n".join((logs / f"{n}.log").read_text().splitlines()[-15:])
+        for n, p in enumerate(procs)
+    )
+
+
+async def _until_ok(h: httpx.AsyncClient, url: str, seconds: float = 20) -> str | None:
+    """None once ``url`` answers 200 within ``seconds``; else what it last answered."""
+    deadline = time.monotonic() + seconds
+    last = "nothing"
+    while time.monotonic() < deadline:
         try:
-            if (await h.get(url)).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
+            r = await h.get(url, timeout=max(0.1, deadline - time.monotonic()))
+            if r.status_code == 200:
+                return None
+            last = f"{r.status_code} {r.text[:300]}"
+        except httpx.TransportError as exc:
+            last = type(exc).__name__
         await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} never answered 200")
+    return f"{url} never answered 200 within {seconds:g} s; last: {last}"
 
 
 async def _healthcheck(code: str, port: int, default: int) -> int:
@@ -321,9 +336,12 @@ async def test_compose_command_lines_run_on_loopback(tmp_path: Path) -> None:
     gateway = [*entry, "--host", "127.0.0.1", "--port", str(gw_port)]
     (docker_health,) = [a for op, a in _dockerfile() if op == "HEALTHCHECK"]
     emulator_health = json.dumps(services["vllm0"]["healthcheck"]["test"])
-    async with _processes(*emulators, gateway) as procs, httpx.AsyncClient(timeout=10) as h:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    async with _processes(logs, *emulators, gateway) as procs, httpx.AsyncClient(timeout=10) as h:
         base = f"http://127.0.0.1:{gw_port}"
-        await _until_ok(h, base + "/ready")
+        failed = await _until_ok(h, base + "/ready")
+        assert failed is None, f"{failed}\n{_tails(logs, procs)}"
         assert await _healthcheck(_healthcheck_code(docker_health), gw_port, 8080) == 0
         assert await _healthcheck(_healthcheck_code(emulator_health), ports[3], 8000) == 0
         assert await _healthcheck(_healthcheck_code(docker_health), _free_port(), 8080) != 0
