@@ -85,7 +85,11 @@ async def test_instances_join_and_leave_without_dropped_requests(caplog: pytest.
                 assert sorted(i.name for i in gw.fleet) == [f"127.0.0.2:{port}", joined]
                 await task
             assert statuses == [200] * len(statuses) and len(statuses) >= 240
-            assert seen[joined] >= 8 and seen[f"127.0.0.1:{port}"] > 0
+            # What dispatch saw of each instance, should the newcomer have been passed over.
+            views = {
+                i.name: (gw.fleet.speeds.params(i.name), i.up, i.inflight, sorted(i.models)) for i in gw.fleet
+            }
+            assert seen[joined] >= 8 and seen[f"127.0.0.1:{port}"] > 0, (dict(seen), len(statuses), views)
             assert gw.fleet.all_inflight() == 0
     joins = [r.getMessage() for r in caplog.records if r.getMessage().startswith("discovery ")]
     assert any("127.0.0.3" in m and "joined" in m for m in joins)
