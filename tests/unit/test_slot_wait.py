@@ -21,13 +21,17 @@ def _instance(running: float, waiting: float, *, inflight: int, prefilling: int)
     return inst
 
 
+def _waits(inst: Instance, now: float) -> bool:
+    return waiting_for_slots(inst, inst.engine_stats(now))
+
+
 def test_a_queue_behind_decodes_is_a_wait_for_slots() -> None:
     # Two slots, both decoding ours; two more of ours wait: their TTFT holds the decodes' time.
-    assert waiting_for_slots(_instance(2, 2, inflight=4, prefilling=2), now=10.5)
+    assert _waits(_instance(2, 2, inflight=4, prefilling=2), 10.5)
 
 
 def test_a_queue_behind_a_prefill_is_booked_work() -> None:
     # One long prompt prefilling takes the step's token budget: the wait is booked work.
-    assert not waiting_for_slots(_instance(1, 3, inflight=4, prefilling=4), now=10.5)
-    assert not waiting_for_slots(_instance(2, 0, inflight=2, prefilling=0), now=10.5)  # no queue
-    assert not waiting_for_slots(_instance(2, 2, inflight=4, prefilling=2), now=30.0)  # stale stats
+    assert not _waits(_instance(1, 3, inflight=4, prefilling=4), 10.5)
+    assert not _waits(_instance(2, 0, inflight=2, prefilling=0), 10.5)  # no queue
+    assert not _waits(_instance(2, 2, inflight=4, prefilling=2), 30.0)  # stale stats

@@ -259,10 +259,11 @@ class SpeedEstimator:
         state.guessed |= not exact
         state.taught += 1
         own = max(0.0, uncached_tokens)
-        if not (hold and state.engine and not exact):
+        waits = hold and state.engine and not exact
+        if not waits:
             self._settle(state)  # no window to wait for: what was held teaches as it came
-            return self._sample(state, own, work, ttft, 1.0)
-        if work < self._small:  # it teaches the fixed latency: time outside the engine by nature
+        # Small work teaches the fixed latency: time outside the engine by nature, never held.
+        if not waits or work < self._small:
             return self._sample(state, own, work, ttft, 1.0)
         state.held.append((ttft, own, work))
         if len(state.held) > _MAX_HELD:
@@ -340,15 +341,14 @@ class SpeedEstimator:
             return None
         state = self._state(name)
         state.engine = True
-        held, state.held = state.held, []
-        if held:
-            took = sum(t for t, _, _ in held) / len(held)
+        if state.held:
+            took = sum(t for t, _, _ in state.held) / len(state.held)
             inside = max(0.0, queue_seconds) + prefill_seconds + max(0.0, state.base)
             if took > _OUTSIDE_RATIO * inside and took - inside > _OUTSIDE_SECONDS:
-                state.taught = max(0, state.taught - len(held))  # held up outside: the window teaches
-            else:
-                for ttft, own, work in held:
-                    self._sample(state, own, work, ttft, 1.0)
+                # Held up outside the engine: they teach nothing, the window teaches them instead.
+                state.taught = max(0, state.taught - len(state.held))
+                state.held = []
+            self._settle(state)
         untaught = max(0.0, requests - state.taught)
         state.taught = 0
         count = min(untaught, _MAX_WINDOW_WEIGHT)

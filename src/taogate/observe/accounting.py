@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.tokens import PromptSize, TokenEstimator
-from taogate.dispatch.types import RequestFacts
+from taogate.dispatch.types import EngineStats, RequestFacts
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
@@ -28,11 +28,11 @@ CALIBRATE_WARMUP = 64
 CALIBRATE_INTERVAL = 0.05
 
 
-def waiting_for_slots(inst: Instance, now: float) -> bool:
-    """The engine has requests waiting while every sequence it runs is past its prefill: they wait
-    for a batch slot (``max_num_seqs``) held by decodes, which no booked prefill work explains. (With
-    a sequence still prefilling, the wait is for the step's token budget: booked work, that is.)"""
-    engine = inst.engine_stats(now)
+def waiting_for_slots(inst: Instance, engine: EngineStats | None) -> bool:
+    """The engine (``engine``: its stats while trusted) has requests waiting while every sequence
+    it runs is past its prefill: they wait for a batch slot (``max_num_seqs``) held by decodes,
+    which no booked prefill work explains. (With a sequence still prefilling, the wait is for the
+    step's token budget: booked work, that is.)"""
     if engine is None or engine.waiting <= 0:
         return False
     return inst.inflight - inst.prefilling >= engine.running
@@ -72,15 +72,15 @@ class Accounting:
         uncached = max(1, total - (cached or 0))
         if facts.stream:
             details = cached is not None
-            now = self.clock()
+            engine = inst.engine_stats(self.clock())
             self.speeds.observe_first_token(
                 name,
                 ttft=rec.ttfb,
                 ahead_tokens=lease.ahead_tokens,
                 uncached_tokens=uncached if details else None,
                 prompt_tokens=total,
-                queued=waiting_for_slots(inst, now),
-                hold=inst.engine_stats(now) is not None,  # its next window is coming
+                queued=waiting_for_slots(inst, engine),
+                hold=engine is not None,  # its next window is coming
             )
             if completion:  # the decode pace, which non-stream samples need to find their prefill time
                 self.speeds.observe_completion(
