@@ -351,8 +351,12 @@ async def test_compose_command_lines_run_on_loopback(tmp_path: Path) -> None:
             json={"model": "emulated-model", "prompt": "hello", "max_tokens": 4},
         )
         assert r.status_code == 200 and r.headers["x-taogate-instance"] in {f"gpu{i}" for i in range(4)}
-        text = (await h.get(base + "/metrics")).text
-        assert 'taogate_instance_up{instance="gpu3"} 1.0' in text
+        # /ready needs one instance up; the slow card's emulator may come up a probe round later.
+        up = 'taogate_instance_up{instance="gpu3"} 1.0'
+        deadline = time.monotonic() + 20
+        while up not in (await h.get(base + "/metrics")).text:
+            assert time.monotonic() < deadline, f"{up} never shown\n{_tails(logs, procs)}"
+            await asyncio.sleep(0.1)
         procs[-1].send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(procs[-1].wait(), SHUTDOWN_TIMEOUT + 5)
         # uvicorn re-raises SIGTERM after its graceful shutdown; the unit's SuccessExitStatus covers both.
