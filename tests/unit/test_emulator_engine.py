@@ -89,6 +89,24 @@ def test_slowdown_scales_every_time() -> None:
         assert slow[rid].finish == pytest.approx(2.5 * t.finish)
 
 
+def test_the_reported_queue_is_what_the_last_step_left_waiting() -> None:
+    # vLLM's num_requests_waiting is made after each step's schedule: a request that arrives during
+    # a step is not counted until a schedule leaves it out.
+    engine = Engine(replace(DEFAULT, max_num_seqs=2))
+    for i in range(3):
+        engine.add(req(f"r{i}", 100, 4, base=i))
+    assert (engine.num_waiting, engine.reported_waiting) == (3, 0)  # no step yet
+    plan = engine.schedule()
+    assert plan is not None and engine.reported_waiting == 1
+    engine.add(req("late", 100, 4, base=9))  # arrives while the step runs
+    assert (engine.num_waiting, engine.reported_waiting) == (2, 1)
+    engine.update(plan)
+    engine.schedule()
+    assert engine.reported_waiting == 2
+    engine.abort("late")
+    assert engine.reported_waiting == 1  # never more than are waiting
+
+
 def test_requests_beyond_max_num_seqs_wait_fifo() -> None:
     engine = Engine(replace(DEFAULT, max_num_seqs=2))
     for i in range(5):

@@ -175,6 +175,9 @@ class Engine:
         )
         self._waiting: deque[_Seq] = deque()
         self._running: dict[str, _Seq] = {}  # insertion order = admission order
+        # vLLM's waiting gauge is made once per step, after its schedule: requests that arrive
+        # during a step are not counted until a schedule leaves them waiting.
+        self._waiting_after_step = 0
         self._reserved = 0  # blocks promised to running requests but not yet taken
         # Prefix-cache accounting, in tokens, as vLLM counts it.
         self.prefix_queries = 0
@@ -189,6 +192,12 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def reported_waiting(self) -> int:
+        """What vLLM's ``num_requests_waiting`` says: those the last step's schedule could not admit
+        (still waiting), not those that arrived since and join the next step."""
+        return min(self._waiting_after_step, len(self._waiting))
 
     @property
     def kv_usage(self) -> float:
@@ -265,6 +274,7 @@ class Engine:
             budget -= chunk
             self._grow(seq, seq.num_computed + chunk)
             self._cache(seq, seq.num_computed + chunk)  # a later admission in this step hits it
+        self._waiting_after_step = len(self._waiting)
         if not decode and not prefill:
             return None
         duration = self.config.step_duration(sum(n for _, n in prefill), len(decode))

@@ -168,7 +168,7 @@ def _load_header(ex: _Exchange, load_format: str | None) -> list[tuple[bytes, by
     if load_format is None:
         return []
     engine = ex.inst.engine
-    return load_metrics_header(load_format, engine.num_waiting, engine.kv_usage)
+    return load_metrics_header(load_format, engine.reported_waiting, engine.kv_usage)
 
 
 class _Generation:

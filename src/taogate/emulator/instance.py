@@ -77,7 +77,7 @@ class EmulatorInstance:
         e = self.engine
         self.metrics.refresh(
             running=e.num_running,
-            waiting=e.num_waiting,
+            waiting=e.reported_waiting,  # as vLLM's gauge: not admitted by the last step
             kv_usage=e.kv_usage,
             prefix_queries=e.prefix_queries,
             prefix_hits=e.prefix_hits,
