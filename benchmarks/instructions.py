@@ -1,0 +1,165 @@
+"""The gateway's instructions per proxied request, counted by callgrind: configurations side by side.
+
+Timed CPU on this shared machine moves more between rounds than the few percent a change costs
+(benchmarks/README.md, overhead.py); instructions do not. Each run starts 4 instant emulators and
+``taogate serve`` under ``valgrind --tool=callgrind`` with instrumentation off, warms the gateway
+up, turns instrumentation on for ``--requests`` requests (32 at a time), off again, and divides the
+instructions by the requests. Scrapes and health probes are set far apart so that they stay out of
+the window: what is counted is the request path.
+
+Configurations (``--configs``): ``default``, and ``precise`` (a local tokenizer and a KV-events
+subscriber per instance, as overhead.py's ``--precise``; the instant emulators publish no events).
+Prompts (``--prompt``): ``tiny`` (``"hi <n>"`` completions, overhead.py's load) or ``chat`` (a
+shared ~1,100-character system prompt and a short question: a prefix key per request). Rounds
+alternate the configurations.
+
+    flock /tmp/taogate-heavy.lock .venv/bin/python benchmarks/instructions.py [--requests 2000] \\
+        [--rounds 2] [--configs default precise] [--prompt tiny]
+
+Needs valgrind (``callgrind_control`` with it); each round takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+from fleetprocs import emulators, write_config
+from overhead import API_KEY, MODEL, precise_config
+
+from taogate.bench.procs import free_port, launch
+
+CONCURRENCY = 32
+WARMUP = 200
+QUIET = "[dispatch]\nscrape_interval = 600\nhealth_check_interval = 600\n"
+SYSTEM = "You are a careful assistant who answers in one sentence. " * 20
+
+
+def _body(prompt: str) -> tuple[str, Callable[[int], bytes]]:
+    if prompt == "tiny":
+        return "/v1/completions", lambda i: json.dumps(
+            {"model": MODEL, "prompt": f"hi {i}", "max_tokens": 1}
+        ).encode()
+    return "/v1/chat/completions", lambda i: json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}],
+            "max_tokens": 1,
+        }
+    ).encode()
+
+
+async def _load(url: str, count: int, body: Callable[[int], bytes]) -> None:
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    todo = iter(range(count))
+    async with aiohttp.ClientSession() as http:
+
+        async def worker() -> None:
+            for i in todo:
+                async with http.post(url, data=body(i), headers=headers) as r:
+                    text = await r.text()
+                    if r.status != 200:
+                        raise RuntimeError(f"{r.status}: {text[:200]}")
+
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
+
+def _callgrind(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
+
+
+def _instructions(workdir: Path) -> int:
+    """The instructions of the dumped window (callgrind writes one file per dump)."""
+    total = 0
+    for path in workdir.glob("callgrind.out*"):
+        totals = [line for line in path.read_text().splitlines() if line.startswith("totals:")]
+        if totals:
+            total += int(totals[-1].split()[1])
+    return total
+
+
+async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
+    """(instructions per request, seconds the window took) for one configuration."""
+    with tempfile.TemporaryDirectory(prefix="taogate-instr-") as tmp:
+        workdir = Path(tmp)
+        async with emulators(4, workdir / "emulators.log") as emu:
+            extra, per_instance = precise_config(workdir, 4) if config == "precise" else ("", [])
+            cfg = workdir / "config.toml"
+            write_config(cfg, emu.urls, "warning", QUIET + extra, instance_extra=per_instance)
+            port = free_port()
+            argv = ["taogate", "serve", "--config", str(cfg), "--port", str(port)]
+            serve = f"import sys; from taogate.cli import main; sys.argv = {argv!r}; main()"
+            cmd = [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={workdir / 'callgrind.out'}",
+                sys.executable,
+                "-c",
+                serve,
+            ]
+            url = f"http://127.0.0.1:{port}"
+            env = {**os.environ, "TAOTOKEN_API_KEY": API_KEY}
+            route, body = _body(prompt)
+            async with launch(
+                cmd,
+                name="taogate serve (callgrind)",
+                log=workdir / "gateway.log",
+                env=env,
+                cwd=workdir,
+                ready_url=url,
+                ready_paths=("/health", "/ready"),
+                ready_within=600,
+            ) as gateway:
+                await _load(url + route, WARMUP, body)
+                pid = str(gateway.pid)
+                _callgrind("--instr=on", pid)
+                started = time.monotonic()
+                await _load(url + route, requests, body)
+                seconds = time.monotonic() - started
+                _callgrind("--instr=off", pid)
+                _callgrind("--dump", pid)
+        return _instructions(workdir) / requests, seconds
+
+
+async def main(args: argparse.Namespace) -> int:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("needs valgrind (apt-get install valgrind)")
+        return 2
+    results: dict[str, list[float]] = {c: [] for c in args.configs}
+    print(f"gateway instructions per request, {args.prompt} prompts, {args.requests} requests a window")
+    for n in range(1, args.rounds + 1):
+        order = args.configs if n % 2 else list(reversed(args.configs))
+        for config in order:
+            per_request, seconds = await count(config, args.prompt, args.requests)
+            results[config].append(per_request)
+            print(
+                f"  round {n}: {config:8s} {per_request / 1000:8,.1f} K  ({seconds:.0f} s under callgrind)",
+                flush=True,
+            )
+    first = args.configs[0]
+    for config in args.configs[1:]:
+        ratios = [b / a for a, b in zip(results[first], results[config], strict=True)]
+        print(f"{config} / {first}, per round: " + ", ".join(f"{r:.3f}" for r in ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000, help="requests in each counted window")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each counting every configuration")
+    parser.add_argument(
+        "--configs", nargs="+", choices=("default", "precise"), default=["default", "precise"]
+    )
+    parser.add_argument("--prompt", choices=("tiny", "chat"), default="tiny")
+    sys.exit(asyncio.run(main(parser.parse_args())))
