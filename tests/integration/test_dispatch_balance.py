@@ -7,6 +7,7 @@ request records say who served what.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 
 from taogate.emulator.config import EmulatorConfig
@@ -74,10 +75,11 @@ async def test_round_robin_gives_the_slow_instance_a_full_quarter() -> None:
     assert all(11 <= c <= 13 for c in counts), counts  # 12 each: blind to speed
 
 
-async def _long_every_fourth(strategy: str) -> tuple[list[int], list[int]]:
+async def _long_every_fourth(strategy: str) -> tuple[list[int], list[int], int]:
     """64 requests decided in a fixed order, every 4th a ~3,000-token prompt (~150 ms of prefill), the
     rest ~40 tokens; returns, per instance, how many long prompts it got and how many of them at most
-    waited for their first token there at the same time (how deep they piled up).
+    waited for their first token there at the same time (how deep they piled up), and how many at
+    most waited fleet-wide at once.
 
     The short ones are chat-like (a short question, a 32-token answer, not streamed), so their
     duration is mostly decode and they give the gateway few prefill-speed samples: streamed tiny
@@ -94,25 +96,29 @@ async def _long_every_fourth(strategy: str) -> tuple[list[int], list[int]]:
             assert [r.status_code for r in responses] == [200] * 64
             assert all(i.inflight == 0 and i.prefill_tokens == 0 for i in gate.gateway.fleet)
         piles = [max_overlap(recs, min_prompt=2_000) for recs in records(fleet)]
-        return served_counts(fleet, min_prompt=2_000), piles
+        waiting = max_overlap([r for recs in records(fleet) for r in recs], min_prompt=2_000)
+        return served_counts(fleet, min_prompt=2_000), piles, waiting
 
 
 async def test_long_prompts_spread_instead_of_piling_up() -> None:
-    spread, piles = await _long_every_fourth("least_busy")
+    spread, piles, waiting = await _long_every_fourth("least_busy")
     assert sum(spread) == 16
     # The pile-up the article measured: long prompts waiting behind long prompts on one instance.
-    # With least_busy at most two ever wait at one instance at once on a quiet machine (four seen
-    # with another test suite running beside it); round robin: 5 to a dozen, all on one instance.
-    assert max(piles) <= 4, piles
+    # With least_busy at most two wait at one instance at once, of 4-6 waiting fleet-wide, even with
+    # two CPU hogs beside it; round robin: 11-12, every one that waits. How many overlap grows as the
+    # machine slows (a stall holds them all), so a pile is judged against them: more than half of
+    # those waiting at once on one instance.
+    assert max(piles) <= max(4, math.ceil(waiting / 2)), (piles, waiting)
     # Counts are only forced even while long prompts overlap in time; on a slow, noisy machine the
     # previous one may be done before the next arrives, and then any instance is a fine choice.
     assert max(spread) <= 8 and sum(1 for n in spread if n) >= 3, spread
 
 
 async def test_round_robin_piles_every_fourth_long_prompt_onto_one_instance() -> None:
-    piled, piles = await _long_every_fourth("round_robin")
+    piled, piles, waiting = await _long_every_fourth("round_robin")
     assert sorted(piled) == [0, 0, 0, 16], piled  # the article's trap, reproduced
     assert max(piles) >= 4, piles  # long prompts queued behind long prompts (least_busy: <= 2)
+    assert max(piles) == waiting  # all of those waiting, on one instance
 
 
 async def test_short_prompts_alone_do_not_make_an_identical_card_look_slow() -> None:
