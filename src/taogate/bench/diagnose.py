@@ -24,7 +24,9 @@ per-instance completion times of both runs and each gateway's learned ``relative
   never bound, runs A and B are the same load twice and the better of the two is judged (a stall of
   the machine lifts one try's max, an imbalance inside vLLM shows in both).
 - **inside** (exit 2): still over 2x with no slow instance and no help from the cap: look inside vLLM
-  (AllReduce, data movement; or hits against misses when the prefix-cache hit rate is high).
+  (AllReduce, data movement), and at what else runs on the instances' CPUs (an engine that shares
+  a core with other work is slow while that work runs); or hits against misses when the
+  prefix-cache hit rate is high.
 - **error** (exit 3): a run had no successful request, or there was nothing to probe.
 """
 
@@ -239,7 +241,7 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
     return Verdict(
         "inside",
         f"imbalance remains (max/mean {imbalance:.2f}) but not from dispatch or one slow "
-        "instance: look inside vLLM (AllReduce, data movement)",
+        "instance: look inside vLLM (AllReduce, data movement) and at what else runs on its CPUs",
         tuple(lines),
     )
 
