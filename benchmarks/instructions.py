@@ -16,7 +16,7 @@ alternate the configurations.
     flock /tmp/taogate-heavy.lock .venv/bin/python benchmarks/instructions.py [--requests 2000] \\
         [--rounds 2] [--configs default precise] [--prompt tiny]
 
-Needs valgrind (``callgrind_control`` with it); each round takes about a minute.
+Needs valgrind (``callgrind_control`` with it); each configuration of a round takes a minute or two.
 """
 
 from __future__ import annotations
