@@ -55,17 +55,29 @@ def gateway(
     extra: str = "",
     max_connections: int = 64,
     instance_extra: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
+    ready_within: float = 60.0,
 ) -> AbstractAsyncContextManager[Child]:
-    """``taogate serve``, as users run it; ready once ``/ready`` says its instances are probed."""
+    """``taogate serve``, as users run it; ready once ``/ready`` says its instances are probed.
+    ``wrapper`` goes before the command (a profiler: ``valgrind --tool=callgrind ...``)."""
     cfg = workdir / f"config-{log_level}.toml"
     write_config(cfg, urls, log_level, extra, max_connections, instance_extra)
     port = free_port()
     env = {**os.environ, "TAOTOKEN_API_KEY": api_key}
     exe = str(Path(sys.executable).with_name("taogate"))
-    cmd = [exe, "serve", "--config", str(cfg), "--port", str(port)]
+    cmd = [*wrapper, exe, "serve", "--config", str(cfg), "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     log = workdir / f"gateway-{log_level}.log"
-    return launch(cmd, name="taogate serve", log=log, env=env, cwd=workdir, ready_url=url, ready_paths=READY)
+    return launch(
+        cmd,
+        name="taogate serve",
+        log=log,
+        env=env,
+        cwd=workdir,
+        ready_url=url,
+        ready_paths=READY,
+        ready_within=ready_within,
+    )
 
 
 #: GET /health = 200 (listening), then /ready = 200 (instances probed and their models known).

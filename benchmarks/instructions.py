@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,10 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-from fleetprocs import emulators, write_config
+from fleetprocs import emulators, gateway
 from overhead import API_KEY, MODEL, precise_config
-
-from taogate.bench.procs import free_port, launch
 
 CONCURRENCY = 32
 WARMUP = 200
@@ -94,38 +91,29 @@ async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
         workdir = Path(tmp)
         async with emulators(4, workdir / "emulators.log") as emu:
             extra, per_instance = precise_config(workdir, 4) if config == "precise" else ("", [])
-            cfg = workdir / "config.toml"
-            write_config(cfg, emu.urls, "warning", QUIET + extra, instance_extra=per_instance)
-            port = free_port()
-            argv = ["taogate", "serve", "--config", str(cfg), "--port", str(port)]
-            serve = f"import sys; from taogate.cli import main; sys.argv = {argv!r}; main()"
-            cmd = [
+            callgrind = [
                 "valgrind",
                 "--tool=callgrind",
                 "--instr-atstart=no",
                 f"--callgrind-out-file={workdir / 'callgrind.out'}",
-                sys.executable,
-                "-c",
-                serve,
             ]
-            url = f"http://127.0.0.1:{port}"
-            env = {**os.environ, "TAOTOKEN_API_KEY": API_KEY}
             route, body = _body(prompt)
-            async with launch(
-                cmd,
-                name="taogate serve (callgrind)",
-                log=workdir / "gateway.log",
-                env=env,
-                cwd=workdir,
-                ready_url=url,
-                ready_paths=("/health", "/ready"),
+            async with gateway(
+                workdir,
+                emu.urls,
+                "warning",
+                API_KEY,
+                QUIET + extra,
+                instance_extra=per_instance,
+                wrapper=callgrind,
                 ready_within=600,
-            ) as gateway:
-                await _load(url + route, WARMUP, body)
-                pid = str(gateway.pid)
+            ) as gw:
+                url = gw.url + route
+                await _load(url, WARMUP, body)
+                pid = str(gw.pid)
                 _callgrind("--instr=on", pid)
                 started = time.monotonic()
-                await _load(url + route, requests, body)
+                await _load(url, requests, body)
                 seconds = time.monotonic() - started
                 _callgrind("--instr=off", pid)
                 _callgrind("--dump", pid)
