@@ -197,12 +197,18 @@ def create_app(
         log.warning("%s", warning)
     gateway = Gateway(settings, environ=environ, **gateway_kwargs)
     prefix = settings.gateway.prefix
+    routes = route_table(prefix)
+    return TaogateApp(gateway, _build_api(gateway, prefix), routes, gateway_server_options(settings.gateway))
+
+
+def route_table(prefix: str) -> dict[str, Route]:
+    """The proxied routes by path, under the plain paths and under ``prefix`` (``base_url``'s)."""
     routes: dict[str, Route] = {}
     for route in ROUTES:
         routes[route.path] = route
         if prefix:
             routes[prefix + route.path] = route
-    return TaogateApp(gateway, _build_api(gateway, prefix), routes, gateway_server_options(settings.gateway))
+    return routes
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,66 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
             await asyncio.gather(flusher, return_exceptions=True)
 
 
+@app.command()
+def pick(
+    config: ConfigOpt = None,
+    client_settings: ClientOpt = None,
+    port: Annotated[int, typer.Option(help="gRPC port of the ext_proc service (0: a free one).")] = 9002,
+    http_port: Annotated[int, typer.Option(help="/health, /metrics, admin API, fleet page.")] = 9003,
+    host: Annotated[str | None, typer.Option(help="Listen address (overrides [gateway] host).")] = None,
+    key_check: Annotated[
+        bool, typer.Option(help="Check the unified key; --no-key-check where the gateway authenticates.")
+    ] = True,
+) -> None:
+    """Run as the endpoint picker of an inference gateway (Envoy ext_proc). SIGHUP reloads."""
+    try:
+        from taogate.picker.server import RunningPicker, run_picker
+    except ImportError as exc:
+        typer.echo(
+            f"taogate: picker mode needs the picker extra (pip install 'taogate[picker]'): {exc}", err=True
+        )
+        raise typer.Exit(2) from None
+    overrides: dict[str, Any] = {"gateway": {"host": host}} if host is not None else {}
+    cfg_path = _default_config(config)
+    settings = _load(cfg_path, client_settings, overrides)
+    access = setup_logging(settings.gateway.log_level)
+    try:
+        settings.api_key()  # the admin API's key too, with or without the check on requests
+    except ConfigError as exc:
+        typer.echo(f"taogate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
+    sink = (lambda line: access.write_info(ACCESS_LOGGER, line)) if access is not None else None
+
+    def ready(running: RunningPicker) -> None:
+        tune_runtime()
+        typer.echo(f"picker ready grpc {settings.gateway.host}:{running.grpc_port} http {running.http_url}")
+
+    async def run() -> None:
+        flusher = (
+            asyncio.get_running_loop().create_task(flush_every(access, ACCESS_FLUSH_S)) if access else None
+        )
+        try:
+            await run_picker(
+                settings,
+                port=port,
+                http_port=http_port,
+                check_key=key_check,
+                source=source,
+                access_sink=sink,
+                on_ready=ready,
+            )
+        finally:
+            if flusher is not None:
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+            if access is not None:
+                access.flush_now()
+
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(run())
+
+
 @app.command("check-config")
 def check_config(config: ConfigOpt = None, client_settings: ClientOpt = None) -> None:
     """Validate the config and print the effective values as TOML (secrets are never in it)."""

@@ -126,6 +126,21 @@ class Dispatcher:
             return lease, decision
         return decision
 
+    def lease_on(self, name: str, facts: RequestFacts) -> Lease | None:
+        """A lease on the named instance, outside the policy: a proxy in front of the gateway sent
+        the request there itself (the endpoint picker's fallbacks). None: no such instance."""
+        inst = self.fleet.find(name)
+        if inst is None:
+            return None
+        return Lease(
+            inst,
+            facts.prompt_tokens,
+            self._released,
+            sent_at=self._clock(),
+            stream=facts.stream,
+            max_tokens=facts.max_tokens,
+        )
+
     def could_send(self, facts: RequestFacts, exclude: frozenset[str]) -> bool:
         """Whether some instance outside ``exclude`` can take this request now or after a wait.
 
