@@ -73,10 +73,10 @@ async def test_anthropic_sdk_plain_and_streamed(envoy_stack: Stack) -> None:
         text = "".join([t async for t in stream.text_stream])
         final = await stream.get_final_message()
     assert text and final.usage.output_tokens == 8
+    wrong = anthropic.AsyncAnthropic(base_url=envoy_stack.envoy.url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as refused:
-        await anthropic.AsyncAnthropic(
-            base_url=envoy_stack.envoy.url, api_key="wrong", max_retries=0
-        ).messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        await wrong.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    await wrong.close()
     assert refused.value.body["type"] == "error"  # type: ignore[index]  # Anthropic's error shape
     await client.close()
 
