@@ -263,16 +263,16 @@ async def overhead(workdir: Path, sequential: int, loaded: int) -> list[dict[str
 
 
 # -- several pickers ------------------------------------------------------------------------------
-PREFIXES, PREFIX_TOKENS, REQUESTS, CONCURRENCY = 8, 640, 192, 12
+PREFIXES, PREFIX_TOKENS, CONCURRENCY = 8, 640, 12
 
 
-async def _token_load(url: str, model: str) -> int:
+async def _token_load(url: str, model: str, requests: int) -> int:
     """A closed loop of completions whose prompts are token ids: 8 hot prefixes, unique suffixes."""
     rng = random.Random(7)
     prefixes = [[10_000 + 1000 * k + i for i in range(PREFIX_TOKENS)] for k in range(PREFIXES)]
     prompts = [
         [*prefixes[rng.randrange(PREFIXES)], *(rng.randrange(3, 9000) for _ in range(24))]
-        for _ in range(REQUESTS)
+        for _ in range(requests)
     ]
     slots = asyncio.Semaphore(CONCURRENCY)
     ok = 0
@@ -303,13 +303,15 @@ def _tokenizer(workdir: Path) -> Path:
     return path
 
 
-async def pickers(workdir: Path, rounds: int) -> list[dict[str, Any]]:
-    # A cache holding about half the hot prefixes per instance: where each prompt goes matters.
+async def pickers(workdir: Path, rounds: int, requests: int) -> list[dict[str, Any]]:
+    # A cache holding about half the hot prefixes per instance: where each prompt goes matters. Each
+    # engine binds its KV-events socket (a wildcard endpoint, as vLLM does for one): every picker
+    # connects to it. (To a loopback endpoint vLLM connects, and only one subscriber can bind it.)
     blocks = 1 + (PREFIXES // 2) * (PREFIX_TOKENS // 16 + 2) + 4 * 4
     out = []
     for rnd in range(rounds):
         for count in (1, 2) if rnd % 2 == 0 else (2, 1):
-            endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(4)]
+            endpoints = [f"tcp://*:{free_port()}" for _ in range(4)]
             configs = [
                 EmulatorConfig(
                     seed=i,
@@ -332,12 +334,12 @@ async def pickers(workdir: Path, rounds: int) -> list[dict[str, Any]]:
                 async with front("picker", workdir, urls, settings, pickers=count) as f:
                     await asyncio.sleep(1.0)  # the subscriptions through (ZMQ's slow joiner)
                     started = time.monotonic()
-                    ok = await _token_load(f.url, configs[0].model)
+                    ok = await _token_load(f.url, configs[0].model, requests)
                     span = time.monotonic() - started
                 stats = await fleet_stats(urls)
             out.append({"pickers": count, "ok": ok, "rps": ok / span, "hit": _hit(stats)})
             print(
-                f"  {count} picker(s): ok {ok}/{REQUESTS}  {ok / span:6.2f} req/s  hit {out[-1]['hit']:.3f}",
+                f"  {count} picker(s): ok {ok}/{requests}  {ok / span:6.2f} req/s  hit {out[-1]['hit']:.3f}",
                 flush=True,
             )
     return out
@@ -383,7 +385,7 @@ async def main(args: argparse.Namespace) -> None:
                 )
         if "pickers" in args.sections:
             print("pickers (precise mode, token-id prompts sharing 8 prefixes):", flush=True)
-            rows = await pickers(workdir, args.rounds)
+            rows = await pickers(workdir, args.rounds, args.pick_requests)
             one = statistics.mean(r["hit"] for r in rows if r["pickers"] == 1)
             two = statistics.mean(r["hit"] for r in rows if r["pickers"] == 2)
             print(f"  hit rate, two pickers / one: {two / one:.3f} ({two:.3f} vs {one:.3f})")
@@ -406,5 +408,6 @@ if __name__ == "__main__":
     parser.add_argument("--sequential", type=int, default=300, help="overhead: tiny requests one at a time")
     parser.add_argument("--loaded", type=int, default=2000, help="overhead: tiny requests, 16 at a time")
     parser.add_argument("--rounds", type=int, default=2, help="pickers: rounds of one-then-two (alternating)")
+    parser.add_argument("--pick-requests", type=int, default=480, help="pickers: requests per run")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(main(parser.parse_args()))
