@@ -166,3 +166,32 @@ async def test_health_services_serve(picker: tuple[RunningPicker, Any]) -> None:
     for name in HEALTH_SERVICES:
         reply = await stub.Check(health_pb2.HealthCheckRequest(service=name))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+async def test_a_request_whose_stream_closes_while_queued_leaves_the_queue() -> None:
+    """Every instance at its cap: the pick waits in the gateway queue; the gateway resetting the
+    stream takes it out, and it is accounted as a hang-up."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls, dispatch={"max_queue_per_instance": 1})
+        async with (
+            serve_picker(settings, environ=ENV) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            gateway = running.app.gateway
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            first = Conversation(stub)
+            await first.send(request_headers=_headers(_request()))
+            await first.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            await first.read()
+            second = Conversation(stub)
+            await second.send(request_headers=_headers(_request()))
+            await second.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            await wait_until(lambda: gateway.dispatcher.queued == 1, what="queued")
+            gone = gateway.metrics.client_disconnects._value.get()
+            second.cancel()
+            await wait_until(lambda: gateway.dispatcher.queued == 0, what="left the queue")
+            await wait_until(
+                lambda: gateway.metrics.client_disconnects._value.get() == gone + 1, what="accounted"
+            )
+            first.cancel()
+            await wait_until(lambda: sum(i.inflight for i in gateway.fleet) == 0, what="lease released")

@@ -20,7 +20,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from taogate.errors import OPENAI_ERRORS, GatewayError, Unauthorized
+from taogate.errors import OPENAI_ERRORS, GatewayError, NoInstance, Unauthorized
 from taogate.gateway import Gateway
 from taogate.observe.access_log import RequestRecord
 from taogate.picker import encoding
@@ -137,9 +137,13 @@ class _Stream:
         self._route = target
         self._rec = RequestRecord(request_id=rid.decode(), route=target.kind, started=gw.clock())
         try:
+            if not gw.accepting:
+                raise NoInstance("The gateway is shutting down.", retry_after=1)
             admission.authorize(target, headers)
-        except GatewayError as exc:
+        except Unauthorized as exc:
             self._rec.reject = "auth"
+            return [self._refuse(exc)]
+        except GatewayError as exc:
             return [self._refuse(exc)]
         if message.request_headers.end_of_stream:
             return await self._pick(b"", end=True)
@@ -195,8 +199,15 @@ class _Stream:
         return encoding.immediate(answer.status, answer.headers, answer.body, "taogate")
 
     def close(self) -> None:
+        """The stream is over: a picked request's tap ends it; one that never got its answer (its
+        client left while it was read or queued) is accounted as ``serve`` accounts a hang-up."""
         if self._tap is not None:
             self._tap.close()
+        elif self._rec is not None and not self.done:
+            self.done = True
+            self._rec.status = 499
+            self._gateway.metrics.client_disconnects.inc()
+            self._gateway.accounting.record(self._rec)
 
 
 def _pass(message: Any, kind: str | None) -> list[Any]:
