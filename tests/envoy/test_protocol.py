@@ -195,3 +195,19 @@ async def test_a_request_whose_stream_closes_while_queued_leaves_the_queue() -> 
             )
             first.cancel()
             await wait_until(lambda: sum(i.inflight for i in gateway.fleet) == 0, what="lease released")
+
+
+async def test_without_the_key_check_the_gateway_authenticates() -> None:
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls)
+        async with (
+            serve_picker(settings, environ=ENV, check_key=False) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+            await talk.send(request_headers=_headers(_request(key="the-gateways-own")))
+            await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            answer = (await talk.read()).request_headers.response
+            assert DESTINATION in _set(answer)
+            assert "authorization" in answer.header_mutation.remove_headers  # still not passed on
+            talk.cancel()
