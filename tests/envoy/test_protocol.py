@@ -211,3 +211,26 @@ async def test_without_the_key_check_the_gateway_authenticates() -> None:
             assert DESTINATION in _set(answer)
             assert "authorization" in answer.header_mutation.remove_headers  # still not passed on
             talk.cancel()
+
+
+async def test_the_instance_is_told_its_own_key_and_the_response_names_it() -> None:
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls)
+        settings.instances[0].api_key_env = "INSTANCE_KEY"
+        async with (
+            serve_picker(settings, environ={**ENV, "INSTANCE_KEY": "instance-secret"}) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+            await talk.send(request_headers=_headers([*_request(), ("x-api-key", KEY)]))
+            await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            answer = (await talk.read()).request_headers.response
+            assert _set(answer)["authorization"] == b"Bearer instance-secret"
+            assert "x-api-key" in answer.header_mutation.remove_headers
+            await talk.read()  # the body handed back
+            status = [(":status", "200"), ("content-type", "application/json"), ("set-cookie", "a=b")]
+            await talk.send(response_headers=_headers(status))
+            told = (await talk.read()).response_headers.response
+            assert _set(told)["x-taogate-instance"] == b"i0"
+            assert "set-cookie" in told.header_mutation.remove_headers  # only the gateway speaks so
+            talk.cancel()
