@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from taogate.app import unknown_path_message
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
@@ -86,8 +87,6 @@ class Admission:
         if route is None and path.startswith(self._items):
             route = RESPONSE_ITEM
         if route is None:
-            from taogate.app import unknown_path_message
-
             g = self.gateway.settings.gateway
             return error_answer(OPENAI_ERRORS, NotFound(unknown_path_message(path, g.prefix, g.base_url)))
         if method not in route.methods:

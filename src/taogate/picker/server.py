@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from taogate.app import TaogateApp, create_app, route_table
 from taogate.picker.admit import Admission
 from taogate.picker.servicer import Picker
 from taogate.serving import serve_asgi
-from taogate.settings import Settings
+from taogate.settings import ConfigError, Settings
 
 __all__ = ["HEALTH_SERVICES", "RunningPicker", "run_picker", "serve_picker"]
 
@@ -105,10 +106,6 @@ async def run_picker(
 
 
 def _reload(app: TaogateApp) -> None:
-    import logging
-
-    from taogate.settings import ConfigError
-
     try:
         app.gateway.reload_from_source()
     except ConfigError as exc:
