@@ -20,10 +20,10 @@ from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.token_ids import PromptTokenizer
 from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
+from taogate.errors import BadRequest, BodyTooLarge, UnsupportedEncoding
 from taogate.proxy.auth import header
 from taogate.proxy.deadlines import Deadlines
-from taogate.proxy.multipart import ClientLeft, StreamedBody
+from taogate.proxy.multipart import ClientLeft, StreamedBody, late
 from taogate.proxy.priority import HEADER, VLLM_HEADER, resolve
 from taogate.proxy.routes import Route
 from taogate.settings import Settings
@@ -60,9 +60,7 @@ async def read_body(
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if deadlines.expired() and task is not None and task.uncancel() == 0:
-            raise RequestTimeout(
-                f"The request body was not received within {within:g}s ([gateway] body_timeout)."
-            ) from None
+            raise late(within) from None
         raise
     finally:
         deadlines.done()
@@ -278,7 +276,7 @@ class Intake:
         declared = header(headers, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(limit)
-        upload = StreamedBody(receive, limit)
+        upload = StreamedBody(receive, limit, self._settings.gateway.body_timeout)
         try:
             model = await upload.read_model(header(headers, b"content-type"))
         except ClientLeft:
