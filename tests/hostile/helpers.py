@@ -18,6 +18,7 @@ import socketserver
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,10 @@ def answer_json(head: bytes = b"", payload: bytes | None = None) -> bytes:
     ) + body
 
 
+def _serves(inst: Any, model: str) -> bool:
+    return model in inst.model_cards
+
+
 @contextlib.asynccontextmanager
 async def gateway(
     answer: Answer | None = None,
@@ -257,14 +262,13 @@ async def gateway(
             urls = [*fleet.urls, *([scripted.url] if scripted else [])]
             emus = ["emu", *(f"emu{i + 1}" for i in range(1, emulators))]
             names = [*emus, *(["hostile"] if scripted else [])]
-            settings = gateway_settings(urls, names=names, **sections)
+            settings = gateway_settings(urls, roles=None, names=names, **sections)
             async with serve_gateway(settings, key=KEY, access_sink=access_sink) as gw:
                 if scripted is not None:
                     inst = gw.gateway.fleet.get("hostile")
                     await wait_until(lambda: HOSTILE in inst.model_cards, within=10, what="probes")
                 for name in emus:
-                    inst = gw.gateway.fleet.get(name)
-                    await wait_until(lambda inst=inst: MODEL in inst.model_cards, within=10)
+                    await wait_until(partial(_serves, gw.gateway.fleet.get(name), MODEL), within=10)
                 yield gw, scripted
 
 
