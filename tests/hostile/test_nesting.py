@@ -66,7 +66,7 @@ async def test_deep_nesting_is_a_clear_400_in_the_apis_shape_never_a_500(levels:
 
 async def test_tool_results_of_plain_items_and_many_blocks_are_served() -> None:
     result = {"type": "tool_result", "tool_use_id": "t", "content": ["a", {"type": "text", "text": "b"}]}
-    many = [{"type": "thinking", "thinking": "a"}] * 200_000
+    many = [{"type": "thinking", "thinking": "a"}] * 100_000  # 25 times the view's budget
     async with gateway() as (gw, _), beside(gw):
         # no instance serves the many blocks' model: what is measured is the gateway's own work
         for model, content, status in ((MODEL, [result], 200), ("no-such-model", many, 404)):
