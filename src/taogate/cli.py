@@ -284,6 +284,9 @@ def _register_optional_commands() -> None:
     app.command("bench")(bench)
     app.command("diagnose")(diagnose)
     app.command("demo")(demo)
+    from taogate.tenancy.commands import keys_app
+
+    app.add_typer(keys_app, name="keys")
 
 
 _register_optional_commands()

@@ -41,7 +41,7 @@ from taogate.observe.access_log import AccessLog
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import SERVER_LOGGER, DroppedResponses
 from taogate.observe.history import HISTORY_INTERVAL, History, sample
-from taogate.observe.metrics import FleetCollector, GatewayMetrics
+from taogate.observe.metrics import FleetCollector, GatewayMetrics, KeysCollector
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.intake import Intake
 from taogate.proxy.pipeline import Pipeline
@@ -105,6 +105,7 @@ class Gateway:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.registry.register(FleetCollector(self.fleet, self.dispatcher, clock))
+        self.registry.register(KeysCollector(self.limiter))
         self.accounting = Accounting(
             self.metrics,
             self.fleet,

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from redis.exceptions import RedisError
 from starlette.types import Send
@@ -23,41 +22,20 @@ from starlette.types import Send
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import GatewayError, NoInstance, NotFound
 from taogate.observe.access_log import RequestRecord
+from taogate.tenancy.answers import RateLimited, rate_headers, refusal
 from taogate.tenancy.config import LimitsSettings
 from taogate.tenancy.fairshare import FairShare
 from taogate.tenancy.keys import KeyTable, Tenant
 from taogate.tenancy.store import LocalStore, Store
-from taogate.tenancy.window import Counts, duration, reset_after, used, wait_for
+from taogate.tenancy.window import Counts, used
 
-__all__ = ["Admission", "KeyStats", "Limiter", "RateLimited", "rate_headers"]
+__all__ = ["Admission", "KeyStats", "Limiter", "RateLimited"]
 
 log = logging.getLogger("taogate.limits")
 
 #: Seconds a failed store is left alone before one request tries it again.
 STORE_RETRY = 1.0
 STORE_ERRORS = (RedisError, OSError, TimeoutError)
-
-
-class RateLimited(GatewayError):
-    """429 ``rate_limit_exceeded``, typed ``requests`` or ``tokens`` as OpenAI types it, with the
-    key's rate-limit headers and ``Retry-After`` (also in ms, which the OpenAI SDK prefers)."""
-
-    status = 429
-    code = "rate_limit_exceeded"
-
-    def __init__(
-        self, message: str, kind: str, wait: float | None, headers: list[tuple[bytes, bytes]]
-    ) -> None:
-        super().__init__(message, retry_after=None if wait is None else max(1, math.ceil(wait)))
-        self.type = kind
-        self._wait = wait
-        self._extra = headers
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        out = [*super().headers(), *self._extra]
-        if self._wait is not None:
-            out.append((b"retry-after-ms", str(max(1, math.ceil(self._wait * 1000))).encode()))
-        return out
 
 
 @dataclass(slots=True)
@@ -82,49 +60,6 @@ class Admission:
     reserved: int = 0
     bucket: int | None = None  # where its tokens were reserved (None: nowhere)
     released: bool = False
-
-
-def rate_headers(tenant: Tenant, counts: Counts, window: float) -> list[tuple[bytes, bytes]]:
-    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``, for the limits it has."""
-    out: list[tuple[bytes, bytes]] = []
-    for kind, limit, prev, cur in (
-        (b"requests", tenant.requests_per_minute, counts.req_prev, counts.req_cur),
-        (b"tokens", tenant.tokens_per_minute, counts.tok_prev, counts.tok_cur),
-    ):
-        if limit is None:
-            continue
-        left = max(0, math.floor(limit - used(prev, cur, counts.frac)))
-        reset = duration(reset_after(prev, cur, counts.frac, window))
-        out.append((b"x-ratelimit-limit-" + kind, str(limit).encode()))
-        out.append((b"x-ratelimit-remaining-" + kind, str(left).encode()))
-        out.append((b"x-ratelimit-reset-" + kind, reset.encode()))
-    return out
-
-
-def _refusal(tenant: Tenant, counts: Counts, cost: int, window: float) -> RateLimited:
-    """Which limit refused, as OpenAI words it, and when the request would fit."""
-    headers = rate_headers(tenant, counts, window)
-    rpm, tpm = tenant.requests_per_minute, tenant.tokens_per_minute
-    f = counts.frac
-    if rpm is not None and used(counts.req_prev, counts.req_cur, f) + 1 > rpm:
-        kind, limit, now, asked = "requests", rpm, used(counts.req_prev, counts.req_cur, f), 1
-        wait = wait_for(counts.req_prev, counts.req_cur, f, window, limit=rpm, cost=1)
-    else:
-        assert tpm is not None
-        kind, limit, now, asked = "tokens", tpm, used(counts.tok_prev, counts.tok_cur, f), cost
-        wait = wait_for(counts.tok_prev, counts.tok_cur, f, window, limit=tpm, cost=cost)
-    when = (
-        f"Please try again in {duration(wait)}."
-        if wait is not None
-        else "This request alone is over the limit: lower max_tokens or the prompt."
-    )
-    return RateLimited(
-        f"Rate limit reached for key {tenant.name} on {kind} per {duration(window)}: Limit {limit}, "
-        f"Used {math.ceil(now)}, Requested {asked}. {when}",
-        kind,
-        wait,
-        headers,
-    )
 
 
 class Limiter:
@@ -162,7 +97,13 @@ class Limiter:
         self.local.forget(names)
         return gone
 
-    def reject(self, stats: KeyStats, reason: str, exc: GatewayError) -> GatewayError:
+    @overload
+    def reject(self, stats: KeyStats, reason: str, exc: GatewayError) -> GatewayError: ...
+    @overload
+    def reject(self, stats: KeyStats, reason: str, exc: None) -> None: ...
+
+    def reject(self, stats: KeyStats, reason: str, exc: GatewayError | None) -> GatewayError | None:
+        """Count a refusal of the key's request by ``reason``; returns ``exc``, to raise."""
         stats.rejections[reason] = stats.rejections.get(reason, 0) + 1
         return exc
 
@@ -209,8 +150,8 @@ class Limiter:
                 stats.last = counts
                 window = self.limits.window
                 if not counts.admitted:
-                    refusal = _refusal(tenant, counts, cost, window)
-                    raise self.reject(stats, refusal.type, refusal)
+                    refused = refusal(tenant, counts, cost, window)
+                    raise self.reject(stats, refused.type, refused)
                 admission.headers = rate_headers(tenant, counts, window)
                 admission.reserved, admission.bucket = cost, counts.bucket
         stats.in_flight += 1
@@ -265,6 +206,8 @@ class Limiter:
         if admission is None:
             return
         served = rec.instance is not None
+        if rec.reject is not None:  # refused after its key's limits: the queue, no instance, ...
+            self.reject(admission.stats, rec.reject, None)
         self.finish(admission, rec.prompt_tokens, rec.completion_tokens, served)
         if served and (rec.prompt_tokens is not None or rec.completion_tokens):
             estimate = rec.prompt_tokens_est or 0
@@ -307,6 +250,49 @@ class Limiter:
                 await self.store.settle(name, bucket, delta)
         except STORE_ERRORS as exc:
             self._failed(exc, self._clock())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per key: its limits and what it used on this replica (GET /admin/keys)."""
+        out = []
+        window = self.limits.window
+        for t in self.table:
+            stats = self.stats.get(t.name) or KeyStats()
+            last = stats.last
+            recent: dict[str, float] | None = None
+            if last is not None:  # as counted at its latest check (by every replica, with a store)
+                recent = {
+                    "requests": round(used(last.req_prev, last.req_cur, last.frac), 1),
+                    "tokens": round(used(last.tok_prev, last.tok_cur, last.frac), 1),
+                }
+            out.append(
+                {
+                    "name": t.name,
+                    "requests_per_minute": t.requests_per_minute,
+                    "tokens_per_minute": t.tokens_per_minute,
+                    "max_concurrency": t.max_concurrency,
+                    "models": None if t.models is None else sorted(t.models),
+                    "max_priority": t.max_priority,
+                    "weight": t.weight,
+                    "in_flight": stats.in_flight,
+                    "requests": stats.requests,
+                    "prompt_tokens": stats.prompt_tokens,
+                    "completion_tokens": stats.completion_tokens,
+                    "rejections": dict(stats.rejections),
+                    "window_seconds": window,
+                    "window_used": recent,
+                    "fair_share_tokens": round(self.fair.counter(t.name), 1),
+                }
+            )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Where the limits are counted, and whether that store answers."""
+        return {
+            "store": "redis" if self.store is not None else "in-process",
+            "store_up": self.store_up,
+            "on_store_error": self.limits.on_store_error,
+            "window_seconds": self.limits.window,
+        }
 
     async def aclose(self) -> None:
         for task in list(self._settling):
