@@ -85,6 +85,9 @@ class LocalStore:
     async def hit(self, name: str, window_ms: int, *, rpm: int, tpm: int, cost: int) -> Counts:
         return self.hit_now(name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
 
+    def state(self, name: str) -> State | None:
+        return self._states.get(name)
+
     def settle_now(self, name: str, bucket: int, delta: int) -> None:
         state = self._states.get(name)
         if state is not None:
