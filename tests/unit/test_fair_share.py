@@ -57,22 +57,21 @@ def test_weights_divide_the_charge() -> None:
     heavy_costs=st.lists(st.integers(1, 400), min_size=1, max_size=8),
     light_costs=st.lists(st.integers(1, 400), min_size=1, max_size=8),
     weights=st.tuples(st.sampled_from([0.5, 1.0, 2.0]), st.sampled_from([0.5, 1.0, 3.0])),
-    light_every=st.integers(1, 3),
-    light_burst=st.integers(1, 2),
+    light=st.tuples(st.integers(1, 3), st.integers(1, 2)),  # every how many steps, how many
     heavy_burst=st.integers(10, 20),
 )
 def test_property_a_key_sending_ten_times_the_traffic_takes_no_more_than_its_share(
     heavy_costs: list[int],
     light_costs: list[int],
     weights: tuple[float, float],
-    light_every: int,
-    light_burst: int,
+    light: tuple[int, int],
     heavy_burst: int,
 ) -> None:
     """While the light key keeps a request waiting, the heavy key's weighted service exceeds the light
     key's by at most two requests' worth (VTC's bound), however much more it sends (ten to twenty
     times as many requests here)."""
     w_heavy, w_light = weights
+    light_every, light_burst = light
     fair = FairShare({"heavy": w_heavy, "light": w_light})
     order: FairOrder[Item] = FairOrder(oldest_every=4, fair=fair)
     arrivals = itertools.count()
