@@ -3,6 +3,10 @@ emulated instances, all on 127.0.0.1, and the keys' secrets as their env vars.""
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -60,3 +64,54 @@ async def chat_once(gw: RunningGateway, key: str, max_tokens: int = 3, **kwargs:
     """One chat request with a client of its own, closed after."""
     async with sdk(gw, key, **kwargs) as client:
         return await chat(client, max_tokens)
+
+
+class RedisServer:
+    """Debian's redis-server on a free loopback port, no persistence; stopped, killed and restarted
+    on the same port by the tests."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # bounded: until it answers PING
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.proc = None
+
+    def pause(self, paused: bool) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
