@@ -40,7 +40,7 @@ class KeyCheck:
             return self.table.unified
         if api_key is not None and hmac.compare_digest(api_key, self._key):
             return self.table.unified
-        if len(self.table) > 1:
+        if self.table.named:
             presented = api_key
             if authorization is not None and authorization[:7].lower() == b"bearer ":
                 presented = authorization[7:]

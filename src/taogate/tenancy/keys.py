@@ -63,12 +63,13 @@ def new_key() -> str:
 class KeyTable:
     """Tenants by key digest; rebuilt whole on reload (added and revoked keys take effect at once)."""
 
-    __slots__ = ("_by_digest", "unified")
+    __slots__ = ("_by_digest", "named", "unified")
 
     def __init__(self, unified: Tenant, entries: Mapping[bytes, Tenant]) -> None:
         self.unified = unified
         # The stored digest rides along with its tenant, for the final compare_digest.
         self._by_digest = {d: (d, t) for d, t in entries.items()}
+        self.named = any(t is not unified for t in entries.values())  # any key besides the unified one
 
     @classmethod
     def from_settings(cls, settings: Settings, environ: Mapping[str, str], unified_key: str) -> KeyTable:
