@@ -164,7 +164,9 @@ async def test_a_revoked_key_is_refused_after_reload_and_an_added_one_accepted(t
             assert keys["limits"]["store"] == "in-process"
 
 
-async def test_a_priority_above_the_key_s_ceiling_is_lowered_to_it(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_priority_above_the_key_s_ceiling_is_lowered_to_it_and_no_key_goes_upstream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, logger="taogate.access")
     told = Upstream("ranked")
     lines: list[str] = []
@@ -180,6 +182,8 @@ async def test_a_priority_above_the_key_s_ceiling_is_lowered_to_it(caplog: pytes
                 r = await http.post(gw.url + "/v1/chat/completions", content=body, headers=headers)
                 assert r.status_code == 200
                 assert told.seen[-1].body == body[:-1] + b',"priority":' + told_class + b"}"
+                seen = told.seen[-1].headers  # a client's key never goes upstream
+                assert "authorization" not in seen and not any(key in v for v in seen.values())
     assert any("key=unified" in line and "priority=" not in line for line in lines), lines
     assert any("key=team-a" in line and "priority=-5" in line for line in lines), lines
 
