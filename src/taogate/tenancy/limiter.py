@@ -119,8 +119,8 @@ class Limiter:
     async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
         """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
         stats = self.stats.get(tenant.name)
-        if stats is None:  # a key revoked while its request was being read
-            stats = self.stats[tenant.name] = KeyStats()
+        if stats is None:  # a key revoked while its request was being read: tallied nowhere
+            stats = KeyStats()
         if tenant.models is not None and model is not None and model not in tenant.models:
             raise self.reject(
                 stats,
