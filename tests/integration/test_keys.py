@@ -9,6 +9,7 @@ import logging
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import orjson
@@ -237,3 +238,18 @@ async def test_fair_share_serves_a_light_key_before_a_flooding_one() -> None:
             await asyncio.gather(*heavy, *light)
     last_light = max(i for i, name in enumerate(done) if name == "light")
     assert last_light < 8, done
+
+
+async def test_the_anthropic_sdk_sends_a_named_key_as_x_api_key_and_meets_its_limit() -> None:
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        keys = [{**TEAM_A, "requests_per_minute": 1}]
+        async with (
+            keyed_gateway(keyed_settings(fleet.urls, keys)) as gw,
+            anthropic.AsyncAnthropic(base_url=gw.url, api_key=SECRETS["TEAM_A_KEY"], max_retries=0) as client,
+        ):
+            ask = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+            raw = await client.messages.with_raw_response.create(**ask)
+            assert raw.headers["x-ratelimit-remaining-requests"] == "0"
+            with pytest.raises(anthropic.RateLimitError) as refused:
+                await client.messages.create(**ask)
+            assert int(refused.value.response.headers["retry-after"]) >= 1
