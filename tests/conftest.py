@@ -73,7 +73,10 @@ def serve(settings: Settings) -> AbstractAsyncContextManager[RunningGateway]:
 async def running_gateway(
     configs: list[EmulatorConfig], **sections: dict[str, Any]
 ) -> AsyncIterator[Running]:
-    async with run_fleet(configs) as fleet, serve(gateway_settings(fleet.urls, **sections)) as g:
+    async with (
+        run_fleet(configs) as fleet,
+        serve(gateway_settings(fleet.urls, roles=None, names=None, **sections)) as g,
+    ):
         yield Running(g.url, g.key, g.app, fleet)
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,6 +29,7 @@ from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorize
 from taogate.gateway import Gateway
 from taogate.info import info_router
 from taogate.observe.dashboard import dashboard
+from taogate.observe.exposition import Exposition
 from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import Settings
@@ -124,8 +127,10 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
                     cards.setdefault(mid, card)
         return JSONResponse({"object": "list", "data": [cards[k] for k in sorted(cards)]})
 
+    exposition = Exposition(partial(generate_latest, gateway.registry), time.monotonic)  # CPU: real time
+
     async def metrics(_: Request) -> Response:
-        return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition.page(), media_type=CONTENT_TYPE_LATEST)
 
     admin = admin_router(
         gateway.fleet,

@@ -18,7 +18,7 @@ from taogate.fleet.load_report import REQUEST_HEADER as LOAD_REPORT
 from taogate.proxy.intake import Incoming
 from taogate.proxy.multipart import StreamedBody
 from taogate.proxy.priority import VLLM_HEADER
-from taogate.proxy.responses import ResponseIds
+from taogate.proxy.responses import ResponseIds, checked_id
 from taogate.proxy.routes import RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.splice import with_fields
 from taogate.proxy.upstream import downstream_headers
@@ -107,8 +107,9 @@ def item_id(path: bytes) -> str:
 
 
 def chosen_request_id(payload: dict[str, Any]) -> str | None:
+    """The response id the client chose, if any (a 400 past ``MAX_ID_BYTES``)."""
     value = payload.get("request_id")
-    return value if isinstance(value, str) and value else None
+    return checked_id(value) if isinstance(value, str) and value else None
 
 
 def plan(

@@ -165,7 +165,9 @@ class Pipeline:
             rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
             admission, send = await self.limiter.admit(tenant, facts, incoming.model, rec, send)
-            up_headers = upstream_headers(headers, request_id=rid, tag=incoming.tag)
+            up_headers = upstream_headers(
+                headers, request_id=rid, tag=incoming.tag, client=scope.get("client")
+            )
             ids, fleet = self.responses, self.dispatcher.fleet
             forward, exclude = plan(route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet)
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
