@@ -30,7 +30,6 @@ from taogate.gateway import Gateway
 from taogate.info import info_router
 from taogate.observe.dashboard import dashboard
 from taogate.observe.exposition import Exposition
-from taogate.proxy.auth import header
 from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import Settings
@@ -120,11 +119,12 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         )
 
     async def models(request: Request) -> Response:
-        gateway.keys.check(header(request.scope["headers"], b"authorization"))
+        tenant = gateway.keys.check_request(request.scope["headers"], either=False)
         cards: dict[str, dict[str, Any]] = {}
         for inst in gateway.fleet:
             for mid, card in inst.model_cards.items():
-                cards.setdefault(mid, card)
+                if tenant.models is None or mid in tenant.models:  # a key sees what it may use
+                    cards.setdefault(mid, card)
         return JSONResponse({"object": "list", "data": [cards[k] for k in sorted(cards)]})
 
     exposition = Exposition(partial(generate_latest, gateway.registry), time.monotonic)  # CPU: real time
@@ -140,6 +140,7 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         clock=gateway.clock,
         history=gateway.history,
         dispatch=lambda: gateway.settings.dispatch,
+        limiter=gateway.limiter,
     )
     info = info_router(
         gateway.fleet,

@@ -101,7 +101,11 @@ def serve(
         raise typer.Exit(2) from None
     source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(settings, source, access))
+        try:
+            runner.run(_serve(settings, source, access))
+        except ConfigError as exc:  # found while building the gateway (e.g. a [[keys]] env var unset)
+            typer.echo(f"taogate: {exc}", err=True)
+            raise typer.Exit(2) from None
 
 
 async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler | None = None) -> None:
@@ -344,6 +348,9 @@ def _register_optional_commands() -> None:
     app.command("bench")(bench)
     app.command("diagnose")(diagnose)
     app.command("demo")(demo)
+    from taogate.tenancy.commands import keys_app
+
+    app.add_typer(keys_app, name="keys")
 
 
 _register_optional_commands()

@@ -8,6 +8,7 @@ to ``pipeline.handle``. What lives where::
     probes       health, models, warm-up                   scraper     the engines' own /metrics
     discovery    instances from DNS                        events      state changes, logged once
     history      the last few minutes, for the fleet page
+    limiter      the client keys' limits (tenancy)
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ from taogate.observe.access_log import AccessLog
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import SERVER_LOGGER, DroppedResponses
 from taogate.observe.history import HISTORY_INTERVAL, History, sample
-from taogate.observe.metrics import FleetCollector, GatewayMetrics
+from taogate.observe.metrics import FleetCollector, GatewayMetrics, KeysCollector
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.intake import Intake
 from taogate.proxy.pipeline import Pipeline
 from taogate.proxy.retry import RetryBudget
 from taogate.proxy.upstream import Upstream
 from taogate.settings import ConfigError, Settings
+from taogate.tenancy.keys import KeyTable
+from taogate.tenancy.limiter import Limiter
+from taogate.tenancy.store import RedisStore
 
 log = logging.getLogger("taogate.gateway")
 
@@ -70,7 +74,7 @@ class Gateway:
         self._settings_source = settings_source
         self._access_sink = access_sink  # where access lines go instead of logging records (cli)
         self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by discovery
-        keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
+        keys = self._keys(settings)
         # Learned speeds are rebuilt at most every 5 ms: at high request rates, once per response
         # would cost more than the rest of the learning.
         self.speeds = SpeedEstimator(rebuild_every=0.005, clock=clock)
@@ -89,9 +93,19 @@ class Gateway:
             clock=clock,
             oldest_every=settings.dispatch.oldest_every,
         )
+        self.dispatcher.fair.configure({t.name: t.weight for t in keys.table})
+        store = settings.limits.store
+        self.limiter = Limiter(
+            keys.table,
+            settings.limits,
+            clock=clock,
+            fair=self.dispatcher.fair,
+            store=RedisStore(store, settings.limits.store_timeout) if store else None,
+        )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.registry.register(FleetCollector(self.fleet, self.dispatcher, clock))
+        self.registry.register(KeysCollector(self.limiter))
         self.accounting = Accounting(
             self.metrics,
             self.fleet,
@@ -116,6 +130,7 @@ class Gateway:
             keys,
             intake=Intake(settings, tokens, exact, blocks=prompt_tokenizer, scope=self._precise_scope),
             dispatcher=self.dispatcher,
+            limiter=self.limiter,
             upstream=self.upstream,
             accounting=self.accounting,
             metrics=self.metrics,
@@ -139,6 +154,12 @@ class Gateway:
 
     def _current(self) -> Settings:
         return self.settings
+
+    def _keys(self, settings: Settings) -> KeyCheck:
+        """The client keys of ``settings``: ConfigError names one whose env var is unset."""
+        unified = settings.api_key(self._environ)
+        table = KeyTable.from_settings(settings, self._environ, unified)
+        return KeyCheck(unified, settings.admin_key(self._environ), table)
 
     @property
     def keys(self) -> KeyCheck:
@@ -201,6 +222,7 @@ class Gateway:
         await self.kv_events.stop()
         await self.client.aclose()
         await self.upstream.aclose()
+        await self.limiter.aclose()
         logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)
 
     async def _record_history(self) -> None:
@@ -223,7 +245,7 @@ class Gateway:
 
     def reload(self, settings: Settings) -> tuple[list[str], list[str], list[str]]:
         """Apply a new validated config; in-flight requests keep their leases."""
-        keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
+        keys = self._keys(settings)
         old = self.settings
         # Another DNS name: its addresses come with the next resolution.
         discovered = self.discovered if settings.discovery.dns == old.discovery.dns else []
@@ -236,6 +258,8 @@ class Gateway:
         policy_changed = old.dispatch.policy_key != settings.dispatch.policy_key
         self.settings = settings
         self.pipeline.configure(settings, keys)
+        self.limiter.configure(keys.table, settings.limits)  # added and revoked keys, at once
+        self.dispatcher.fair.configure({t.name: t.weight for t in keys.table})
         changes = self.fleet.apply(settings, specs)
         self.accounting.access = AccessLog(settings.gateway.log_format, self._access_sink)
         self.accounting.long_tag = settings.prefill.tag

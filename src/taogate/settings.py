@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taogate.dispatch.types import STRATEGIES, Role, SchedulingPolicy, Strategy
+from taogate.tenancy.config import KeyList, LimitsSettings
 
 log = logging.getLogger("taogate.settings")
 
@@ -345,6 +346,8 @@ class Settings(BaseSettings):
         default=None, description="Used only when every primary instance is at its cap."
     )
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    keys: KeyList = Field(default_factory=list, description="Named client keys, beside the unified one.")
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:
@@ -398,6 +401,7 @@ class Settings(BaseSettings):
             ("[prefill] tokenizer", a.prefill.tokenizer, b.prefill.tokenizer),
             ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
             ("[prefill] chat_template", a.prefill.chat_template, b.prefill.chat_template),
+            ("[limits] store", a.limits.store, b.limits.store),
         ]
         return [key for key, old, cur in pairs if old != cur]
 

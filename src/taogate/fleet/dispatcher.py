@@ -5,8 +5,9 @@
 * ``Send``   → a Lease on that instance, at once;
 * ``Wait``   → every eligible instance is at its cap: join the bounded gateway queue. Whenever a
   slot frees (a lease is released, an instance comes up, a drain ends, config reloads) ``pump()``
-  hands slots to waiters by priority class, arrival order within one, the oldest waiter served at
-  least once every ``oldest_every`` grants (``fleet.priority``), so no request waits while an
+  hands slots to waiters by fair share between client keys, then priority class, arrival order
+  within one, the oldest waiter served at least once every ``oldest_every`` grants
+  (``fleet.priority``), so no request waits while an
   eligible instance has room (work-conserving). Queue full or wait too long → 429 with Retry-After
   from the drain rate;
 * ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none).
@@ -28,7 +29,8 @@ from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wai
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.lease import Lease
-from taogate.fleet.priority import WaitOrder
+from taogate.fleet.priority import FairOrder
+from taogate.tenancy.fairshare import FairShare
 
 log = logging.getLogger("taogate.dispatch")
 
@@ -38,7 +40,8 @@ class _Waiter:
     facts: RequestFacts
     exclude: frozenset[str]
     future: asyncio.Future[tuple[Lease, Send]]
-    key: tuple[int, int]  # (priority, arrival number): the queue's order
+    key: tuple[int, int]  # (priority, arrival number): the queue's order within its client key
+    tenant: str  # the client key: the queue's fair share between keys
 
 
 @dataclass(slots=True)
@@ -84,7 +87,8 @@ class Dispatcher:
         self.queue_size = queue_size
         self.queue_timeout = queue_timeout
         self._clock = clock
-        self._waiters: WaitOrder[_Waiter] = WaitOrder(oldest_every)
+        self.fair = FairShare()  # tokens served per client key: charged at dispatch, settled at the end
+        self._waiters: FairOrder[_Waiter] = FairOrder(oldest_every, self.fair)
         self._arrivals = itertools.count()
         self._drain = DrainRate()
 
@@ -110,6 +114,7 @@ class Dispatcher:
         decision = decide(facts, views, self.policy, exclude)
         if isinstance(decision, Send):
             inst = self.fleet.get(decision.instance)
+            self.fair.charge(facts.tenant, facts.prompt_tokens)
             trial = inst.breaker.on_dispatch(now)
             ticket = inst.cache.dispatched(facts) if self.fleet.caching and inst.cache.caching else None
             lease = Lease(
@@ -185,7 +190,9 @@ class Dispatcher:
         if len(self._waiters) >= self.queue_size:
             raise self._refusal(Refuse("queue_full"), facts)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(facts, exclude, loop.create_future(), (facts.priority, next(self._arrivals)))
+        waiter = _Waiter(
+            facts, exclude, loop.create_future(), (facts.priority, next(self._arrivals)), facts.tenant
+        )
         self._waiters.add(waiter)
         started = self._clock()
         try:

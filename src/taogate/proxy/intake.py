@@ -212,9 +212,12 @@ class Intake:
     def configure(self, settings: Settings) -> None:
         self._settings = settings
 
-    async def read(self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+    async def read(
+        self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive, ceiling: int = 0
+    ) -> Incoming:
+        """``ceiling``: the most urgent priority class the client's key may claim."""
         if route.body == "multipart":
-            return await self.read_upload(headers, receive)
+            return await self.read_upload(headers, receive, ceiling)
         settings = self._settings
         encoding = header(headers, b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
@@ -226,11 +229,12 @@ class Intake:
         length = header(headers, b"content-length")
         body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
         if route.body == "none":
-            facts = RequestFacts(None, 1, False, priority=resolve(*self._classes(headers), None, "none")[0])
+            priority = resolve(*self._classes(headers), None, "none", ceiling)[0]
+            facts = RequestFacts(None, 1, False, priority=priority)
             return Incoming(body, None, facts, PromptSize(), self._tag(headers, False))
         payload = parse_json_object(body, g.max_json_items)
         model = model_of(route, payload)
-        priority, tell = resolve(*self._classes(headers), payload, route.priority)
+        priority, tell = resolve(*self._classes(headers), payload, route.priority, ceiling)
         with nesting_bound():
             facts, size = request_facts(
                 route,
@@ -270,7 +274,9 @@ class Intake:
             tag = tag + b"," + long_tag if tag else long_tag
         return tag
 
-    async def read_upload(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+    async def read_upload(
+        self, headers: list[tuple[bytes, bytes]], receive: Receive, ceiling: int = 0
+    ) -> Incoming:
         """A multipart form: only its head, for the ``model`` field (``proxy.multipart``)."""
         limit = self._settings.gateway.max_body_bytes
         declared = header(headers, b"content-length")
@@ -281,6 +287,6 @@ class Intake:
             model = await upload.read_model(header(headers, b"content-type"))
         except ClientLeft:
             raise ClientGone from None
-        priority = resolve(*self._classes(headers), None, "none")[0]
+        priority = resolve(*self._classes(headers), None, "none", ceiling)[0]
         facts = RequestFacts(model, 1, False, priority=priority)
         return Incoming(b"", model, facts, PromptSize(), self._tag(headers, False), upload=upload)
