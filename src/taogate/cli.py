@@ -204,6 +204,9 @@ def init(
 UrlOpt = Annotated[
     str | None, typer.Option("--url", help=escape("Gateway URL (default: from [gateway] host and port)."))
 ]
+NameArg = Annotated[
+    str, typer.Argument(help="Instance name, as status shows it: its configured name, else host:port.")
+]
 KeyOpt = Annotated[
     str | None, typer.Option("--key", help="Admin key (default: the env var named by the config).")
 ]
@@ -273,7 +276,7 @@ def status(
 
 @app.command()
 def drain(
-    name: Annotated[str, typer.Argument(help="Instance name.")],
+    name: NameArg,
     config: ConfigOpt = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
@@ -284,7 +287,7 @@ def drain(
 
 @app.command()
 def undrain(
-    name: Annotated[str, typer.Argument(help="Instance name.")],
+    name: NameArg,
     config: ConfigOpt = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
