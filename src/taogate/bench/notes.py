@@ -17,6 +17,8 @@ from rich.console import Console
 
 __all__ = ["HeldLogs", "held_logs"]
 
+HEADING = "the in-process gateways warned (one line per kind)"
+
 
 class HeldLogs(logging.Handler):
     """Records at WARNING and above, grouped by their message template, first seen first."""
@@ -36,7 +38,7 @@ class HeldLogs(logging.Handler):
             out.append(records[0].getMessage() + (f" ({more} more like it)" if more else ""))
         return out
 
-    def flush_to(self, console: Console, heading: str = "the gateways logged, once each") -> None:
+    def flush_to(self, console: Console, heading: str = HEADING) -> None:
         """Print what was held since the last flush, then forget it."""
         lines = self.lines()
         self.kinds.clear()
