@@ -4,6 +4,7 @@ explanation of the max/mean rule."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from rich.console import Console
 
@@ -65,3 +66,17 @@ def test_every_demo_row_has_a_pooled_bound_with_its_own_caching() -> None:
     rows = {s.prefix_caching for s in DEMO_SCENARIOS if s.kind != "pooled"}
     bounds = {s.prefix_caching for s in DEMO_SCENARIOS if s.kind == "pooled"}
     assert rows == bounds == {False, True}
+
+
+def test_instance_flags_keep_the_names_the_config_gives_them(tmp_path: Path) -> None:
+    from taogate.bench.endpoint import _fleet
+
+    config = tmp_path / "config.toml"
+    config.write_text('[[instances]]\nurl = "http://10.0.0.1:8000"\nname = "gpu-a"\n')
+    assert _fleet(config, None, None) == [("http://10.0.0.1:8000", "gpu-a")]
+    flags = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000", "http://10.0.0.1:8000"]
+    assert _fleet(config, None, flags) == [
+        ("http://10.0.0.1:8000", "gpu-a"),
+        ("http://10.0.0.2:8000", "10.0.0.2:8000"),
+        ("http://10.0.0.1:8000", "10.0.0.1:8000#2"),
+    ]

@@ -58,21 +58,27 @@ def _here(given: Path | None, name: str) -> Path | None:
 
 def _fleet(config: Path | None, profile: Path | None, urls: list[str] | None) -> list[tuple[str, str]]:
     """(url, name) per instance: ``--instance`` flags, else the instances ``serve`` would use
-    (config.toml's ``[[instances]]``, else settings.json's ``vllm.instances``)."""
+    (config.toml's ``[[instances]]``, else settings.json's ``vllm.instances``). A flag's URL that the
+    config names keeps that name."""
     from taogate.bench.report import instance_labels
     from taogate.config_files import load_settings
     from taogate.settings import ConfigError
 
-    if urls:
-        bases = [u.rstrip("/").removesuffix("/v1") for u in urls]
-        return list(zip(bases, instance_labels(bases), strict=True))
-    if config is None and profile is None:
-        return []
-    try:
-        loaded = load_settings(config, profile)
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-    return [(i.url, i.label) for i in loaded.instances]
+    configured: list[tuple[str, str]] = []
+    if config is not None or profile is not None:
+        try:
+            configured = [(i.url, i.label) for i in load_settings(config, profile).instances]
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
+    if not urls:
+        return configured
+    bases = [u.rstrip("/").removesuffix("/v1") for u in urls]
+    named = dict(configured)
+    # A URL given twice keeps host:port#2 for its second use: names must stay unique.
+    return [
+        (u, named.get(u, n) if "#" not in n else n)
+        for u, n in zip(bases, instance_labels(bases), strict=True)
+    ]
 
 
 def resolve_endpoint(
