@@ -191,3 +191,18 @@ def test_the_readme_worked_example_is_a_valid_config_without_warnings(tmp_path: 
     done = taogate("check-config", cwd=tmp_path)
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
     assert [i["name"] for i in tomllib.loads(done.stdout)["instances"]] == ["gpu-a", "gpu-b"]
+
+
+async def test_diagnose_names_a_slow_instance_by_host_port_as_the_gateway_would(tmp_path: Path) -> None:
+    """The real tier's check, on emulated instances: --instance URLs, no config, an 8x slow second
+    (engines slow enough that a probe's prefill, not the HTTP path, sets its speed)."""
+    base = EmulatorConfig(prefill_tokens_per_s=80_000, step_overhead=0.003, decode_tokens_per_s=12_800)
+    configs = [replace(base, seed=0), replace(base, seed=1, slowdown=8.0)]
+    async with run_fleet(configs) as fleet:
+        flags = [arg for url in fleet.urls for arg in ("--instance", url)]
+        out = tmp_path / "diagnose.json"
+        args = ("diagnose", *flags, *SMALL, "--prompt-tokens", "4000", "--model", base.model)
+        done = await asyncio.to_thread(taogate, *args, "--json", str(out), cwd=tmp_path, timeout=180)
+        slow = instance_label(fleet.urls[1])
+    verdict = json.loads(out.read_text())["verdict"]
+    assert (done.returncode, verdict["kind"], verdict["instance"]) == (2, "slow", slow), done.stdout
