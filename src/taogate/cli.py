@@ -14,10 +14,12 @@ from typing import Annotated, Any
 import tomli_w
 import typer
 import uvicorn
+from rich.markup import escape
 
 from taogate import __version__
 from taogate.config_files import load_settings, redacted_dump
 from taogate.control.admin_client import AdminError, admin_call
+from taogate.dispatch.types import STRATEGIES
 from taogate.observe.logs import (
     ACCESS_FLUSH_S,
     ACCESS_LOGGER,
@@ -61,23 +63,50 @@ def _load(config: Path | None, client: Path | None, overrides: dict[str, Any]) -
         raise typer.Exit(2) from None
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         typer.echo(__version__)
         raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        # Eager: it runs while the options are parsed, before a missing command is an error.
+        typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
+    """The root: --version is handled by its callback as it is parsed."""
 
 
 @app.command()
 def serve(
     config: ConfigOpt = None,
     client_settings: ClientOpt = None,
-    host: Annotated[str | None, typer.Option(help="Listen address (overrides [gateway] host).")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (overrides [gateway] port).")] = None,
-    strategy: Annotated[str | None, typer.Option(help="least_busy or round_robin.")] = None,
-    max_queue_per_instance: Annotated[int | None, typer.Option(help="Per-instance cap.")] = None,
+    host: Annotated[
+        str | None, typer.Option(help=escape("Listen address (overrides [gateway] host)."))
+    ] = None,
+    port: Annotated[int | None, typer.Option(help=escape("Listen port (overrides [gateway] port)."))] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help=escape(
+                f"Dispatch strategy (overrides [dispatch] strategy): {', '.join(STRATEGIES)}. least_busy, "
+                "the default, sends each request where its first token should come soonest; the others "
+                "are baselines for A/B."
+            )
+        ),
+    ] = None,
+    max_queue_per_instance: Annotated[
+        int | None,
+        typer.Option(
+            help=escape(
+                "Hard cap on requests outstanding at one instance; past it, requests go elsewhere or wait "
+                "in the gateway's queue (overrides [dispatch] max_queue_per_instance)."
+            )
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway. SIGHUP reloads the config; SIGTERM drains and stops."""
     overrides: dict[str, Any] = {}
@@ -237,7 +266,10 @@ def init(
 
 
 UrlOpt = Annotated[
-    str | None, typer.Option("--url", help="Gateway URL (default: from [gateway] host and port).")
+    str | None, typer.Option("--url", help=escape("Gateway URL (default: from [gateway] host and port)."))
+]
+NameArg = Annotated[
+    str, typer.Argument(help="Instance name, as status shows it: its configured name, else host:port.")
 ]
 KeyOpt = Annotated[
     str | None, typer.Option("--key", help="Admin key (default: the env var named by the config).")
@@ -308,7 +340,7 @@ def status(
 
 @app.command()
 def drain(
-    name: Annotated[str, typer.Argument(help="Instance name.")],
+    name: NameArg,
     config: ConfigOpt = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
@@ -319,7 +351,7 @@ def drain(
 
 @app.command()
 def undrain(
-    name: Annotated[str, typer.Argument(help="Instance name.")],
+    name: NameArg,
     config: ConfigOpt = None,
     url: UrlOpt = None,
     key: KeyOpt = None,

@@ -38,6 +38,17 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def instance_label(url: str, name: str | None = None) -> str:
+    """What every command, the page and the metrics call an instance: its configured name, else its
+    URL's host:port (never the user:password part, since labels go into headers, metrics and logs)."""
+    if name:
+        return name
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parts.port}" if parts.port else host
+
+
 def check_base_url(value: str, key: str) -> str:
     parts = urlsplit(value)
     if parts.query or parts.fragment:
@@ -300,14 +311,7 @@ class InstanceSettings(Section):
 
     @property
     def label(self) -> str:
-        """The name, or host:port: never the URL's user:password part, since labels go into
-        response headers, metrics and logs."""
-        if self.name:
-            return self.name
-        parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        return f"{host}:{parts.port}" if parts.port else host
+        return instance_label(self.url, self.name)
 
 
 class DiscoverySettings(Section):
