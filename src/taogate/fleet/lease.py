@@ -89,6 +89,8 @@ class Lease:
         self.instance.prefill_tokens -= self.tokens
         self.instance.prefill_work -= self.work
         self.instance.pending.pop(self, None)
+        if self.ticket is not None:  # the engine has computed its prefix: later requests may hit it
+            self.instance.cache.computed(self.ticket)
 
     def release(self) -> None:
         if self._released:
