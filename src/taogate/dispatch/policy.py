@@ -193,19 +193,13 @@ class LeastBusy:
         inflight = sum(v.cache.inflight(key) for v in holders if v.cache is not None)
         return max(1.0, inflight / len(holders))
 
-    def choose(
-        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
-    ) -> Send | None:
-        if not candidates:
-            return None
+    def price(
+        self, req: RequestFacts, candidates: Sequence[InstanceView]
+    ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """(expected hit, prefill work, cost, expected TTFT) of ``req`` on each candidate, as
+        ``choose`` ranks them with affinity: a miss also pays what it evicts, less its share of a
+        hot prefix's new copy."""
         prompt = req.prompt_tokens
-        # Most requests have no prefix to place: that is known before looking at any candidate's cache.
-        keyless = req.prefix_key is None and req.blocks is None
-        if not self.affinity or keyless or not any(v.cache is not None for v in candidates):
-            costs, ttfts = self._costs(req, candidates, [prompt] * len(candidates))
-            best = candidates[self._pick(candidates, costs, ttfts)]
-            return Send(best.name, "least_load", work=prompt)
-
         hits = [v.cache.hit(req) if v.cache is not None else 0.0 for v in candidates]
         work = [max(1.0, prompt - h) for h in hits]
         costs, ttfts = self._costs(req, candidates, work)
@@ -219,6 +213,34 @@ class LeastBusy:
                 # A new copy of a hot prefix serves the requests that will share it there: its
                 # prefill is theirs as much as this one's. What it evicts is lost for all of them.
                 costs[j] += lost / speed - saved * (1.0 - 1.0 / share) / speed
+        return hits, work, costs, ttfts
+
+    def without_affinity(
+        self, req: RequestFacts, candidates: Sequence[InstanceView]
+    ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """``price`` when the request has no prefix to place (or affinity is off): no hits."""
+        work = [float(req.prompt_tokens)] * len(candidates)
+        return ([0.0] * len(candidates), work, *self._costs(req, candidates, work))
+
+    def uses_cache(self, req: RequestFacts, candidates: Sequence[InstanceView]) -> bool:
+        """Whether ``choose`` prices ``req`` by each candidate's cache (affinity, a prefix, a cache)."""
+        keyless = req.prefix_key is None and req.blocks is None
+        return self.affinity and not keyless and any(v.cache is not None for v in candidates)
+
+    def choose(
+        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
+    ) -> Send | None:
+        if not candidates:
+            return None
+        prompt = req.prompt_tokens
+        # Most requests have no prefix to place: that is known before looking at any candidate's cache.
+        keyless = req.prefix_key is None and req.blocks is None
+        if not self.affinity or keyless or not any(v.cache is not None for v in candidates):
+            costs, ttfts = self._costs(req, candidates, [prompt] * len(candidates))
+            best = candidates[self._pick(candidates, costs, ttfts)]
+            return Send(best.name, "least_load", work=prompt)
+
+        hits, work, costs, ttfts = self.price(req, candidates)
         i = self._pick(candidates, costs, ttfts, req.prefix_key)
         if hits[i] > 0.0:
             return Send(candidates[i].name, "affinity_hit", work=round(work[i]))

@@ -61,6 +61,19 @@ class InstanceCache:
     def inflight(self, key: int) -> int:
         return self.model.inflight(key)
 
+    def evidence(self, req: RequestFacts) -> str:
+        """What says this instance holds ``req``'s prefix (the route receipt's word for it):
+        ``kv_event``, ``computed`` (a first token or an answer here), ``sent`` (not computed yet,
+        so no hit is priced), or ``none``."""
+        index, blocks, key = self.index, req.blocks, req.prefix_key
+        if index is not None and blocks is not None and index.usable:
+            indexed = index.cached_run(blocks.hashes(index.block_size))
+            if indexed > 0:
+                return "kv_event"
+        if key is None:
+            return "none"
+        return "computed" if self.model.holds(key) else "sent" if self.model.sent(key) else "none"
+
     # -- evidence ----------------------------------------------------------------------------------
     def configure(self, config: CacheConfig | None) -> None:
         """The instance's cache shape from its latest scrape (None: not exposed, keep the defaults)."""

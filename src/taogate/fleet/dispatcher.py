@@ -22,8 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from taogate.dispatch.admission import decide, retry_after_seconds
-from taogate.dispatch.policy import Policy, RoundRobin
+from taogate.dispatch.admission import candidates, decide, retry_after_seconds
+from taogate.dispatch.policy import LeastBusy, Policy, RoundRobin
+from taogate.dispatch.receipt import explain
 from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet.fleet import Fleet
@@ -109,6 +110,7 @@ class Dispatcher:
         views: list[InstanceView] = self.fleet.views(now)
         decision = decide(facts, views, self.policy, exclude)
         if isinstance(decision, Send):
+            receipt = self._receipt(facts, views, decision, exclude) if facts.receipt else None
             inst = self.fleet.get(decision.instance)
             trial = inst.breaker.on_dispatch(now)
             ticket = inst.cache.dispatched(facts) if self.fleet.caching and inst.cache.caching else None
@@ -123,8 +125,21 @@ class Dispatcher:
                 work=decision.work,
                 ticket=ticket,
             )
+            lease.receipt = receipt
             return lease, decision
         return decision
+
+    def _receipt(
+        self, facts: RequestFacts, views: list[InstanceView], send: Send, exclude: frozenset[str]
+    ) -> str:
+        """Why ``send``: the estimates as they stood before the lease booked it (``dispatch.receipt``);
+        a policy that does not estimate is explained with the estimate it ignored."""
+        pricer = self.policy if isinstance(self.policy, LeastBusy) else LeastBusy()
+        room = candidates(facts, views, exclude)
+        evidence = {v.name: self.fleet.get(v.name).cache.evidence(facts) for v in room}
+        line = explain(facts, room, send, pricer, evidence)
+        log.debug("route: %s", line)
+        return line
 
     def could_send(self, facts: RequestFacts, exclude: frozenset[str]) -> bool:
         """Whether some instance outside ``exclude`` can take this request now or after a wait.
