@@ -149,33 +149,50 @@ async def run_peer(
     return Outcome(Scenario(name, "direct"), run, summary, None, stats)
 
 
+def median_row(rows: Sequence[Row]) -> Row:
+    """One row from several runs of it: the median of each figure (``--rounds``)."""
+    first = rows[0]
+    if len(rows) == 1:
+        return first
+    values: dict[str, Any] = {"label": first.label}
+    for f in dataclasses.fields(Row):
+        if f.name != "label":
+            mid = statistics.median(getattr(r, f.name) for r in rows)
+            values[f.name] = type(getattr(first, f.name))(mid)
+    return Row(**values)
+
+
 async def run_cell(console: Console, cell: Cell, args: argparse.Namespace) -> list[Row]:
+    """Every row of the cell (peers too with ``--peers``), ``--rounds`` times with the rows taking
+    turns, so a slow spell of a shared machine falls on all of them alike; medians per figure."""
     configs = matrix.configs(cell)
     wl = matrix.workload(cell)
-    out = []
+    labels: list[str] = []
     for scenario in ROWS:
-        if args.rows and scenario.label not in args.rows and scenario.kind != "pooled":
-            continue
-        t = time.perf_counter()
-        outcome = await run_scenario(
-            scenario, wl, configs=configs, max_seconds=args.max_seconds, isolated=True
-        )
-        row = row_of(outcome, cell)
-        console.print(
-            f"  {cell.name}: {scenario.label} in {time.perf_counter() - t:.1f}s, {row.rps:.1f} req/s"
-        )
-        out.append(row)
+        if not args.rows or scenario.label in args.rows or scenario.kind == "pooled":
+            labels.append(scenario.label)
     for name in peers.PEERS if args.peers else ():
         if args.rows and name not in args.rows:
             continue
-        if not peers.available(name):
+        if peers.available(name):
+            labels.append(name)
+        else:
             console.print(f"  {cell.name}: {name} skipped (not installed)")
-            continue
-        t = time.perf_counter()
-        row = row_of(await run_peer(name, wl, configs, args.max_seconds), cell)
-        console.print(f"  {cell.name}: {name} in {time.perf_counter() - t:.1f}s, {row.rps:.1f} req/s")
-        out.append(row)
-    return out
+    runs: dict[str, list[Row]] = {label: [] for label in labels}
+    for _ in range(max(1, args.rounds)):
+        for label in labels:
+            t = time.perf_counter()
+            ours = next((s for s in ROWS if s.label == label), None)
+            if ours is not None:
+                outcome = await run_scenario(
+                    ours, wl, configs=configs, max_seconds=args.max_seconds, isolated=True
+                )
+            else:
+                outcome = await run_peer(label, wl, configs, args.max_seconds)
+            row = row_of(outcome, cell)
+            console.print(f"  {cell.name}: {label} in {time.perf_counter() - t:.1f}s, {row.rps:.1f} req/s")
+            runs[label].append(row)
+    return [median_row(rows) for rows in runs.values()]
 
 
 def cell_table(cell: Cell, rows: list[Row]) -> Table:
@@ -353,6 +370,7 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--max-seconds", type=float, default=120.0, help="cap per run")
     p.add_argument("--peers", action="store_true", help="also the peer routers (peers.py), where installed")
+    p.add_argument("--rounds", type=int, default=1, help="run every row this many times, in turns; medians")
     p.add_argument("--oracle", type=int, default=0, metavar="SEEDS", help="virtual-time replay first")
     p.add_argument("--requests", type=int, default=64, help="--oracle: long-prompt requests")
     p.add_argument("--concurrency", type=int, default=16, help="--oracle: requests in flight")

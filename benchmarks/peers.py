@@ -101,7 +101,7 @@ def _command(name: str, urls: Sequence[str], workdir: Path, port: int, slots: in
         "--balance-abs-threshold", str(max(1, slots)),
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(free_port()),
-        "--log-level", "warn",
+        "--log-level", "warn" if module == "sglang_router" else "warning",
     ]  # fmt: skip
 
 

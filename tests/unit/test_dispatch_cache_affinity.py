@@ -108,9 +108,10 @@ def test_a_burst_never_piles_onto_an_idle_instance_that_has_not_computed_the_pre
         sim.work[name] = 30_000  # busy with 30,000 tokens of prefill each
         sim.inflight[name] = 8
     picks = [sim.send(lb, req(k % 8, 3040, 3000)) for k in range(28)]
-    # Its fair share of the work (90,000 + 28 x 3,040 tokens over four): 14, not the whole burst
-    # (priced as hits, its followers looked free and all 28 went there).
-    assert Counter(picks)["d"] <= 15
+    # Its fair share of the work (90,000 + 28 x 3,040 tokens over four) is 14; a follower may join
+    # its leader there while that costs at most a quarter more than the best (the hold): not the
+    # whole burst (priced as hits, its followers looked free and all 28 went there).
+    assert Counter(picks)["d"] <= 14 * 1.25
 
 
 def test_a_slow_card_gets_the_prefix_only_when_the_fast_ones_are_loaded() -> None:
@@ -212,3 +213,17 @@ def test_property_the_pick_is_the_cheapest_given_its_cache(
     else:  # the cheapest, near-ties aside, and no holder was within the hold ratio of it
         assert cost(picked) <= best + 1e-9
         assert all(cost(v) > cost(picked) * (1 + lb.hold_ratio) - 1e-9 for v in views if v.name in holders)
+
+
+def test_a_follower_joins_its_leader_at_full_cost_while_the_queues_are_comparable() -> None:
+    """Every instance busy alike: a follower of a prefix sent (not yet computed) to ``a`` joins it
+    there, booked at its whole prompt (on vLLM it hits the blocks its leader is computing; on an
+    engine that caches only computed prompts it does not, and nothing assumed it would)."""
+    sim = Sim()
+    lb = LeastBusy(affinity=True)
+    for name in NAMES:
+        sim.work[name] = 20_000
+        sim.inflight[name] = 6
+    leader = sim.send(lb, req(3, 3040, 3000))
+    follower = sim.send(lb, req(3, 3040, 3000))
+    assert follower == leader and sim.work[leader] == 20_000 + 2 * 3040
