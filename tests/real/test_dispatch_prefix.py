@@ -159,7 +159,7 @@ async def test_the_default_hits_at_least_as_often_and_never_herds_onto_the_slow_
 
 
 def _emulated_follower_hit(gap_steps: int, max_num_seqs: int) -> int:
-    """The emulator's cached tokens for a follower sharing a leader's 1,400-token prefix, admitted
+    """The emulator's cached tokens for a follower sharing a leader's 1,400-token prefix, sent
     ``gap_steps`` steps after it (vLLM's CPU block size, 512-token steps)."""
     config = EngineConfig.from_emulator(
         EmulatorConfig(
@@ -176,6 +176,15 @@ def _emulated_follower_hit(gap_steps: int, max_num_seqs: int) -> int:
     while (result := engine.step()) is not None:
         cached += sum(o.num_cached_tokens for o in result[1] if o.request_id == "follower" and o.index == 0)
     return cached
+
+
+def test_the_emulator_hits_a_follower_as_vllm_does() -> None:
+    """What vLLM 0.32 did on its CPU backend (benchmarks/README.md has the runs): a follower that
+    arrives with its leader, one step after it (mid-prefill), or queued behind it for a batch slot
+    hits the whole shared prefix, as the blocks are cached when the leader is scheduled."""
+    assert _emulated_follower_hit(0, SLOTS) == 1280  # 10 of the 11 blocks: the last is partial
+    assert _emulated_follower_hit(1, SLOTS) == 1280
+    assert _emulated_follower_hit(0, 1) == 1280
 
 
 async def test_a_follower_hits_the_blocks_its_leader_is_computing_as_in_the_emulator(
