@@ -139,7 +139,7 @@ async def run_peer(
     async with contextlib.AsyncExitStack() as stack:
         urls = await stack.enter_async_context(fleet_process(configs))
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="taogate-peer-")))
-        url = await stack.enter_async_context(peers.peer(name, urls, workdir, configs[0].max_num_seqs))
+        url = await stack.enter_async_context(peers.peer(name, urls, workdir))
         run = await run_load(
             [Target(url + "/v1", "")], wl, configs[0].model, label=name, max_seconds=max_seconds
         )

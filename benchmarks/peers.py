@@ -5,12 +5,13 @@ the same emulated fleet as taogate's rows, as a subprocess that stops with the b
   ``cache_aware`` policy: a radix tree of the prompts it sent to each worker picks the worker with
   the longest match above ``--cache-threshold``, unless the load (requests in flight) is imbalanced
   past both ``--balance-abs-threshold`` and ``--balance-rel-threshold``, then the least loaded.
-  Their defaults (0.3, 64, 1.5) are kept except the absolute threshold, set to the fleet's slots
-  (``max-num-seqs``): at 64 a fleet of 8-slot engines would never count as imbalanced.
+  Their defaults (0.3, 64, 1.5) are kept except the absolute threshold, set to ``BALANCE_ABS``: at
+  64, a run of 16-32 clients on four instances never counts as imbalanced, and one hot prefix
+  piles every request onto one worker (measured: all 64 long prompts on the slow card).
 - ``nginx`` (Debian's) with ``least_conn`` over keep-alive upstream connections, one worker, no
   root-owned files: its pid file and temp directories live in the run's own directory.
 
-``PEERS`` names them; ``peer(name, urls, workdir, slots)`` starts one and yields its base URL.
+``PEERS`` names them; ``peer(name, urls, workdir)`` starts one and yields its base URL.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from taogate.bench.procs import free_port, launch
 __all__ = ["PEERS", "available", "nginx_conf", "peer"]
 
 PEERS = ("sglang-router cache_aware", "vllm-router cache_aware", "nginx least_conn")
+BALANCE_ABS = 4  # requests in flight: the imbalance past which the routers take the least loaded
 
 NGINX_LEAST_CONN = """\
 daemon off;
@@ -83,7 +85,7 @@ def available(name: str) -> bool:
     return _router(name.split(maxsplit=1)[0].replace("-", "_")) is not None
 
 
-def _command(name: str, urls: Sequence[str], workdir: Path, port: int, slots: int) -> list[str]:
+def _command(name: str, urls: Sequence[str], workdir: Path, port: int) -> list[str]:
     if name.startswith("nginx"):
         conf = workdir / "nginx.conf"
         conf.write_text(nginx_conf(workdir, urls, port))
@@ -98,7 +100,7 @@ def _command(name: str, urls: Sequence[str], workdir: Path, port: int, slots: in
         "--port", str(port),
         "--worker-urls", *urls,
         "--policy", "cache_aware",
-        "--balance-abs-threshold", str(max(1, slots)),
+        "--balance-abs-threshold", str(BALANCE_ABS),
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(free_port()),
         "--log-level", "warn" if module == "sglang_router" else "warning",
@@ -106,12 +108,11 @@ def _command(name: str, urls: Sequence[str], workdir: Path, port: int, slots: in
 
 
 @contextlib.asynccontextmanager
-async def peer(name: str, urls: Sequence[str], workdir: Path, slots: int = 8) -> AsyncIterator[str]:
+async def peer(name: str, urls: Sequence[str], workdir: Path) -> AsyncIterator[str]:
     """Run the peer ``name`` in front of ``urls`` until the block exits; yields its base URL.
-    ``workdir`` (an existing directory) takes its configuration, logs and temp files; ``slots``:
-    each instance's batch slots (``max-num-seqs``), the routers' imbalance threshold."""
+    ``workdir`` (an existing directory) takes its configuration, logs and temp files."""
     port = free_port()
-    cmd = _command(name, urls, workdir, port, slots)
+    cmd = _command(name, urls, workdir, port)
     url = f"http://127.0.0.1:{port}"
     log = workdir / f"{name.split(maxsplit=1)[0]}.log"
     async with launch(cmd, name=name, log=log, cwd=workdir, ready_url=url, ready_within=60.0):
