@@ -10,21 +10,7 @@ from taogate.dispatch.load import estimate
 from taogate.dispatch.policy import LeastBusy
 from taogate.dispatch.receipt import MAX_CHARS, explain, terms
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
-
-
-class ModelView:
-    def __init__(self, model: PrefixCacheModel) -> None:
-        self.model = model
-
-    def hit(self, req: RequestFacts) -> float:
-        return self.model.expected_hit(req.prefix_key, req.prefix_tokens, req.prompt_tokens)
-
-    def eviction_cost(self, tokens: int) -> float:
-        return self.model.eviction_cost(tokens)
-
-    def inflight(self, key: int) -> int:
-        return self.model.inflight(key)
-
+from tests.unit.test_dispatch_cache_affinity import ModelView
 
 REQ = RequestFacts("m", 3040, long=False, prefix_key=9, prefix_tokens=3000, max_tokens=16)
 
