@@ -213,6 +213,11 @@ class DispatchSettings(Section):
         description="Extra seconds a cache hit may cost over the least loaded instance, beyond the "
         "quarter more than its cost that an instance holding the prefix may always cost (0: none).",
     )
+    route_receipt: bool = Field(
+        default=False,
+        description="Every response carries x-taogate-route: the chosen instance's estimate and the "
+        "runner-up's, term by term (a request may ask with X-Taogate-Route: 1).",
+    )
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."
     )

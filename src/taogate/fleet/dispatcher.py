@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from taogate.dispatch.admission import decide, retry_after_seconds
-from taogate.dispatch.policy import Policy, RoundRobin
+from taogate.dispatch.admission import candidates, decide, retry_after_seconds
+from taogate.dispatch.policy import LeastBusy, Policy, RoundRobin
+from taogate.dispatch.receipt import explain
 from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet.fleet import Fleet
@@ -113,6 +114,7 @@ class Dispatcher:
         views: list[InstanceView] = self.fleet.views(now)
         decision = decide(facts, views, self.policy, exclude)
         if isinstance(decision, Send):
+            receipt = self._receipt(facts, views, decision, exclude) if facts.receipt else None
             inst = self.fleet.get(decision.instance)
             self.fair.charge(facts.tenant, facts.prompt_tokens)
             trial = inst.breaker.on_dispatch(now)
@@ -128,6 +130,7 @@ class Dispatcher:
                 work=decision.work,
                 ticket=ticket,
             )
+            lease.receipt = receipt
             return lease, decision
         return decision
 
@@ -145,6 +148,18 @@ class Dispatcher:
             stream=facts.stream,
             max_tokens=facts.max_tokens,
         )
+
+    def _receipt(
+        self, facts: RequestFacts, views: list[InstanceView], send: Send, exclude: frozenset[str]
+    ) -> str:
+        """Why ``send``: the estimates as they stood before the lease booked it (``dispatch.receipt``);
+        a policy that does not estimate is explained with the estimate it ignored."""
+        pricer = self.policy if isinstance(self.policy, LeastBusy) else LeastBusy()
+        room = candidates(facts, views, exclude)
+        evidence = {v.name: self.fleet.get(v.name).cache.evidence(facts) for v in room}
+        line = explain(facts, room, send, pricer, evidence)
+        log.debug("route: %s", line)
+        return line
 
     def could_send(self, facts: RequestFacts, exclude: frozenset[str]) -> bool:
         """Whether some instance outside ``exclude`` can take this request now or after a wait.

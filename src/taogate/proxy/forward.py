@@ -44,10 +44,13 @@ class Forward:
     ask_load: bool = False
 
     def answer_headers(
-        self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str
+        self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str, receipt: str | None = None
     ) -> list[tuple[bytes, bytes]]:
-        """The answer's headers for the client (``downstream_headers``)."""
-        return downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
+        """The answer's headers for the client (``downstream_headers``), with the route receipt if any."""
+        out = downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
+        if receipt:
+            out.append((b"x-taogate-route", receipt.encode("ascii", "replace")))
+        return out
 
     def to(self, spec: InstanceSpec) -> tuple[list[tuple[bytes, bytes]], bytes | StreamedBody]:
         headers, body = self.headers, self.body

@@ -169,6 +169,11 @@ def request_facts(
     )
 
 
+def wants_receipt(headers: list[tuple[bytes, bytes]], settings: Settings) -> bool:
+    """``X-Taogate-Route: 1`` on the request, or ``[dispatch] route_receipt`` for every request."""
+    return settings.dispatch.route_receipt or (header(headers, b"x-taogate-route") or b"").strip() == b"1"
+
+
 @dataclass(frozen=True, slots=True)
 class Incoming:
     """What the pipeline needs of one request, read once from its headers and body."""
@@ -245,6 +250,7 @@ class Intake:
                 exact=self._exact,
                 priority=priority,
             )
+            facts.receipt = wants_receipt(headers, settings)
             if self._blocks is not None and self._scope is not None and facts.prefix_key is not None:
                 sizes, cap = self._scope()  # precise mode's hook: vLLM's block hashes of the prompt
                 if sizes:

@@ -394,7 +394,7 @@ class Pipeline:
         now = self.clock()
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook
         ex.rec.ttfb = now - sent_at
-        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
+        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name, lease.receipt)
         ex.started = True
         await send_whole(ex.send, response.status_code, headers, data, ex.last_message)
         if response.status_code == 200:
@@ -408,7 +408,7 @@ class Pipeline:
         502-class failure it is. Returns whether the stream completed."""
         inst = lease.instance
         ex.started = True
-        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
+        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name, lease.receipt)
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
 
         def first_chunk() -> None:
