@@ -181,7 +181,9 @@ def pick(
     client_settings: ClientOpt = None,
     port: Annotated[int, typer.Option(help="gRPC port of the ext_proc service (0: a free one).")] = 9002,
     http_port: Annotated[int, typer.Option(help="/health, /metrics, admin API, fleet page.")] = 9003,
-    host: Annotated[str | None, typer.Option(help="Listen address (overrides [gateway] host).")] = None,
+    host: Annotated[
+        str | None, typer.Option(help=escape("Listen address (overrides [gateway] host)."))
+    ] = None,
     key_check: Annotated[
         bool, typer.Option(help="Check the unified key; --no-key-check where the gateway authenticates.")
     ] = True,
