@@ -16,8 +16,8 @@ import typer
 import uvicorn
 
 from taogate import __version__
+from taogate.admin_client import AdminError, admin_call
 from taogate.config_files import load_settings, redacted_dump
-from taogate.control.admin_client import AdminError, admin_call
 from taogate.observe.logs import (
     ACCESS_FLUSH_S,
     ACCESS_LOGGER,

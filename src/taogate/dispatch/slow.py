@@ -2,7 +2,7 @@
 
 A slow card (thermal throttling, a bad link, a noisy neighbour) made visible: ``Fleet.update_slow``
 runs ``slow_instances`` over ``SpeedEstimator.snapshot()`` after each probe and scrape round;
-``control.events.FleetEvents.check_slow`` logs and counts each change, ``taogate_instance_slow`` and
+``fleet.events.FleetEvents.check_slow`` logs and counts each change, ``taogate_instance_slow`` and
 ``taogate status`` show it.
 
 **Evidence.** Dispatch that works starves a slow card: the further below the others it is, the less

@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from taogate.control.admin_client import AdminError
+from taogate.admin_client import AdminError
 
 __all__ = ["COLUMNS", "Column", "fit_columns", "status_view", "table_width", "watch"]
 
