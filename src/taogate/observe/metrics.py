@@ -140,6 +140,9 @@ class GatewayMetrics:
             registry=registry,
         )
 
+    def count_transition(self, instance: str, kind: str, to: str) -> None:
+        self.child(self.health_transitions, instance, kind, to).inc()
+
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: the lookup costs several times the cached child
         (measured: benchmarks/overhead.py), and label sets are bounded (see the module docstring)."""
