@@ -7,14 +7,17 @@ up, turns instrumentation on for ``--requests`` requests (32 at a time), off aga
 instructions by the requests. Scrapes and health probes are set far apart so that they stay out of
 the window: what is counted is the request path.
 
-Configurations (``--configs``): ``default``, and ``precise`` (a local tokenizer and a KV-events
-subscriber per instance, as overhead.py's ``--precise``; the instant emulators publish no events).
+Configurations (``--configs``): ``default`` (as shipped: metrics and the access log at ``info``),
+``quiet`` (``log_level = "warning"``: no access log), and ``precise`` (the default with a local
+tokenizer and a KV-events subscriber per instance, as overhead.py's ``--precise``; the instant
+emulators publish no events). ``--keep DIR`` keeps callgrind's output files for
+``callgrind_annotate``.
 Prompts (``--prompt``): ``tiny`` (``"hi <n>"`` completions, overhead.py's load) or ``chat`` (a
 shared ~1,100-character system prompt and a short question: a prefix key per request). Rounds
 alternate the configurations.
 
     flock /tmp/taogate-heavy.lock .venv/bin/python benchmarks/instructions.py [--requests 2000] \\
-        [--rounds 2] [--configs default precise] [--prompt tiny]
+        [--rounds 2] [--configs default quiet precise] [--prompt tiny] [--keep DIR]
 
 Needs valgrind (``callgrind_control`` with it); each configuration of a round takes a minute or two.
 """
@@ -85,7 +88,13 @@ def _instructions(workdir: Path) -> int:
     return total
 
 
-async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
+def _keep(workdir: Path, keep: Path, config: str) -> None:
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in workdir.glob("callgrind.out*"):
+        shutil.copy(path, keep / f"{config}-{path.name}")
+
+
+async def count(config: str, prompt: str, requests: int, keep: Path | None) -> tuple[float, float]:
     """(instructions per request, seconds the window took) for one configuration."""
     with tempfile.TemporaryDirectory(prefix="taogate-instr-") as tmp:
         workdir = Path(tmp)
@@ -101,7 +110,7 @@ async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
             async with gateway(
                 workdir,
                 emu.urls,
-                "warning",
+                "warning" if config == "quiet" else "info",
                 API_KEY,
                 QUIET + extra,
                 instance_extra=per_instance,
@@ -117,6 +126,8 @@ async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
                 seconds = time.monotonic() - started
                 _callgrind("--instr=off", pid)
                 _callgrind("--dump", pid)
+        if keep is not None:
+            _keep(workdir, keep, config)
         return _instructions(workdir) / requests, seconds
 
 
@@ -129,7 +140,7 @@ async def main(args: argparse.Namespace) -> int:
     for n in range(1, args.rounds + 1):
         order = args.configs if n % 2 else list(reversed(args.configs))
         for config in order:
-            per_request, seconds = await count(config, args.prompt, args.requests)
+            per_request, seconds = await count(config, args.prompt, args.requests, args.keep)
             results[config].append(per_request)
             print(
                 f"  round {n}: {config:8s} {per_request / 1000:8,.1f} K  ({seconds:.0f} s under callgrind)",
@@ -147,7 +158,8 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=2000, help="requests in each counted window")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, each counting every configuration")
     parser.add_argument(
-        "--configs", nargs="+", choices=("default", "precise"), default=["default", "precise"]
+        "--configs", nargs="+", choices=("default", "quiet", "precise"), default=["default", "precise"]
     )
+    parser.add_argument("--keep", type=Path, default=None, help="copy callgrind's output files here")
     parser.add_argument("--prompt", choices=("tiny", "chat"), default="tiny")
     sys.exit(asyncio.run(main(parser.parse_args())))

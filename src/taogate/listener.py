@@ -110,19 +110,50 @@ class _CycleTransport:
     """What one request's cycle writes to: the connection's transport, whose ``close`` lingers
     while the request body is still coming (uvicorn's cycle only writes, asks and closes).
 
+    The cycle's first write (the response head) is held until its next write (the body) or the end
+    of this turn of the loop, whichever comes first: uvicorn writes the head and the body apart, and
+    one write(2) per response instead of two saves a syscall and a TCP segment each (measured:
+    benchmarks/overhead.py).
+
     It holds the protocol weakly: the protocol holds the cycle, and a strong reference back would
     make every connection a reference cycle, freed only by a full collection, so a burst of
     connections would stay in memory long after it closed. Once the connection is gone (the
     protocol with it), a close has nothing left to do."""
 
-    __slots__ = ("_protocol", "is_closing", "write")
+    __slots__ = ("_held", "_loop", "_protocol", "_transport", "_wrote", "is_closing")
 
     def __init__(self, protocol: LimitedProtocol) -> None:
         self._protocol = weakref.ref(protocol)
-        self.write = protocol.transport.write
+        self._transport = protocol.transport
+        self._loop = protocol.loop
+        self._held: bytes | None = None
+        self._wrote = False
         self.is_closing = protocol.transport.is_closing
 
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) < 65536:
+                self._transport.write(held + data)
+            else:  # a large body is not copied to be joined
+                self._transport.write(held)
+                self._transport.write(data)
+        elif self._wrote:
+            self._transport.write(data)
+        else:
+            self._wrote = True
+            self._held = data
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+
     def close(self) -> None:
+        self.flush()
         protocol = self._protocol()
         if protocol is not None:
             protocol._close_after_response()
