@@ -28,10 +28,11 @@ from taogate.control.loops import Background
 from taogate.control.probes import HealthProbes
 from taogate.control.scraper import Scraper
 from taogate.control.warmup import Warmup
+from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.policy import Policy, make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.token_ids import MAX_PREFIX_TOKENS, PromptTokenizer, load_prompt_tokenizer
-from taogate.dispatch.tokens import TokenEstimator, TokenizerUnavailable, load_exact_counter
+from taogate.dispatch.tokens import TokenizerUnavailable, load_exact_counter
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet, specs_from_settings

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.tokens import PromptSize, TokenEstimator
+from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import EngineStats, RequestFacts
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease

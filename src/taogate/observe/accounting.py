@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.speed import SpeedEstimator
-from taogate.dispatch.tokens import PromptSize, TokenEstimator
+from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.learning import Learning
