@@ -1,27 +1,13 @@
 """What one instance's prefix cache probably holds, without seeing it: a bounded LRU of what we sent.
 
-vLLM keeps ``num_gpu_blocks - 1`` blocks (``vllm:cache_config_info``); a block stays a hit after
-its request ends until the LRU reuses it, and blocks of running requests are never evicted. The
-model replays that at the gateway, by prefix key and token volume:
-
-* ``dispatched``: a request with prefix key ``k`` occupies its prefix (``k``'s entry, reusable)
-  and the rest of its prompt and output (an anonymous entry, never a hit), both pinned while it
-  runs. Entries are whole blocks; the least recently used unpinned ones are evicted while the
-  total passes the capacity, so at most ``capacity`` blocks are modelled (memory is bounded by
-  the instance's own cache, never by traffic).
-* ``finished``: vLLM frees a request's blocks tail first to the fresh end of its LRU: the
-  anonymous part, then the prefix, move to the most recent end, unpinned.
-* ``expected_hit``: a key we sent here is a hit from the moment it was sent, not from its first
-  token: vLLM caches blocks when it *schedules* them, and a request queued behind the first
-  prefill of its prefix on the same instance is admitted after it (FIFO) and hits. Across
-  instances nothing is shared, and a key never sent here is no hit. At most ``(prompt - 1) //
-  block_size`` blocks hit (vLLM recomputes the last token), scaled by ``trust``.
-* ``trust``: how much of what the model predicted the engine really hit, an EWMA of actual over
-  predicted hit tokens, from each answer's ``cached_tokens`` when vLLM reports it, else from the
-  instance's ``vllm:prefix_cache_hits`` counter against the predictions made since the last scrape.
-  Another replica's traffic, a restart or a wrong capacity lower it; it recovers as hits come back.
-* ``eviction_cost``: the reused prefix tokens a miss here would push out of a full cache, which a
-  later request would have to prefill again: what spreading a hot prefix costs on a tight cache.
+vLLM keeps a block cached after its request ends until its LRU reuses it, and never evicts a running
+request's blocks. The model replays that at the gateway by prefix key and token volume: a request
+pins its prefix (reusable) and the rest of its prompt and output (never a hit) while it runs,
+``finished`` moves them to the fresh end unpinned, and at most ``capacity`` blocks are modelled.
+``expected_hit`` counts a key from the moment it was sent here (vLLM caches blocks when it schedules
+them), scaled by ``trust``: how much of what the model predicted the engine really hit.
+``eviction_cost`` is what a miss would push out of a full cache. Each rule's reasoning:
+benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations
