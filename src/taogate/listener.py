@@ -140,7 +140,8 @@ class _CycleTransport:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held)
+            if not self._transport.is_closing():  # the client may have gone since the head was held
+                self._transport.write(held)
 
     def close(self) -> None:
         self.flush()

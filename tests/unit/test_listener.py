@@ -147,12 +147,14 @@ class _Wire:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.closed = False
 
     def write(self, data: bytes) -> None:
+        assert not self.closed, "written after it closed"
         self.writes.append(data)
 
     def is_closing(self) -> bool:
-        return False
+        return self.closed
 
 
 class _Connection:
@@ -188,6 +190,11 @@ async def test_a_head_without_a_body_yet_goes_out_at_the_end_of_the_loop_turn_or
     cycle.write(b"head")
     cycle.close()
     assert closing.transport.writes == [b"head"] and closing.closed
+    gone = _Connection(loop)
+    _CycleTransport(cast(LimitedProtocol, gone)).write(b"head")
+    gone.transport.closed = True  # the client went away within the loop turn
+    await asyncio.sleep(0)
+    assert gone.transport.writes == []
     big = _Connection(loop)
     cycle = _CycleTransport(cast(LimitedProtocol, big))
     cycle.write(b"head")
