@@ -94,6 +94,7 @@ http {{
     client_body_temp_path {workdir}/nginx-body;
     proxy_temp_path {workdir}/nginx-proxy;
     upstream emulators {{
+        least_conn;
 {servers}
         keepalive 64;
     }}
@@ -114,7 +115,7 @@ http {{
 
 def reference(workdir: Path, urls: list[str], client: str) -> AbstractAsyncContextManager[Child]:
     """A reference proxy: ``reference_proxy.py`` (FastAPI + ``client``, no logic), or nginx
-    (``client="nginx"``, round robin over keep-alive upstream connections)."""
+    (``client="nginx"``, ``least_conn`` over keep-alive upstream connections)."""
     port = free_port()
     log = workdir / f"reference-{client}.log"
     if client == "nginx":

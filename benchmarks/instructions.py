@@ -4,17 +4,23 @@ Timed CPU on this shared machine moves more between rounds than the few percent 
 (benchmarks/README.md, overhead.py); instructions do not. Each run starts 4 instant emulators and
 ``taogate serve`` under ``valgrind --tool=callgrind`` with instrumentation off, warms the gateway
 up, turns instrumentation on for ``--requests`` requests (32 at a time), off again, and divides the
-instructions by the requests. Scrapes and health probes are set far apart so that they stay out of
-the window: what is counted is the request path.
+instructions by the requests. Scrapes and health probes are set far apart, and the gateway's other
+timers (history frames, the access log's flushes, uvicorn's ticks) cost instructions per second
+whatever the load: under callgrind a window lasts 30 s or 150 s as the machine's neighbours allow,
+which moved the raw figure by 15%. So an idle window of ``IDLE_S`` follows, and its rate times the
+load window's length is subtracted: the net figure is the request path's.
 
-Configurations (``--configs``): ``default``, and ``precise`` (a local tokenizer and a KV-events
-subscriber per instance, as overhead.py's ``--precise``; the instant emulators publish no events).
+Configurations (``--configs``): ``default`` (as shipped: metrics and the access log at ``info``),
+``quiet`` (``log_level = "warning"``: no access log), and ``precise`` (the default with a local
+tokenizer and a KV-events subscriber per instance, as overhead.py's ``--precise``; the instant
+emulators publish no events). ``--keep DIR`` keeps callgrind's output files for
+``callgrind_annotate``.
 Prompts (``--prompt``): ``tiny`` (``"hi <n>"`` completions, overhead.py's load) or ``chat`` (a
 shared ~1,100-character system prompt and a short question: a prefix key per request). Rounds
 alternate the configurations.
 
     flock /tmp/taogate-heavy.lock .venv/bin/python benchmarks/instructions.py [--requests 2000] \\
-        [--rounds 2] [--configs default precise] [--prompt tiny]
+        [--rounds 2] [--configs default quiet precise] [--prompt tiny] [--keep DIR]
 
 Needs valgrind (``callgrind_control`` with it); each configuration of a round takes a minute or two.
 """
@@ -38,6 +44,7 @@ from overhead import API_KEY, MODEL, precise_config
 
 CONCURRENCY = 32
 WARMUP = 200
+IDLE_S = 20.0  # the idle window after the load, whose rate is subtracted from it
 QUIET = "[dispatch]\nscrape_interval = 600\nhealth_check_interval = 600\n"
 SYSTEM = "You are a careful assistant who answers in one sentence. " * 20
 
@@ -75,18 +82,24 @@ def _callgrind(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
 
 
-def _instructions(workdir: Path) -> int:
-    """The instructions of the dumped window (callgrind writes one file per dump)."""
-    total = 0
-    for path in workdir.glob("callgrind.out*"):
+def _dumps(workdir: Path) -> dict[int, int]:
+    """Each dump's instructions by its number (callgrind writes ``callgrind.out.N`` per dump)."""
+    out = {}
+    for path in workdir.glob("callgrind.out.*"):
         totals = [line for line in path.read_text().splitlines() if line.startswith("totals:")]
         if totals:
-            total += int(totals[-1].split()[1])
-    return total
+            out[int(path.suffix[1:])] = int(totals[-1].split()[1])
+    return out
 
 
-async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
-    """(instructions per request, seconds the window took) for one configuration."""
+def _keep(workdir: Path, keep: Path, config: str) -> None:
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in workdir.glob("callgrind.out*"):
+        shutil.copy(path, keep / f"{config}-{path.name}")
+
+
+async def count(config: str, prompt: str, requests: int, keep: Path | None) -> tuple[float, float, float]:
+    """(instructions per request, idle instructions per second, seconds the window took)."""
     with tempfile.TemporaryDirectory(prefix="taogate-instr-") as tmp:
         workdir = Path(tmp)
         async with emulators(4, workdir / "emulators.log") as emu:
@@ -101,7 +114,7 @@ async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
             async with gateway(
                 workdir,
                 emu.urls,
-                "warning",
+                "warning" if config == "quiet" else "info",
                 API_KEY,
                 QUIET + extra,
                 instance_extra=per_instance,
@@ -117,7 +130,14 @@ async def count(config: str, prompt: str, requests: int) -> tuple[float, float]:
                 seconds = time.monotonic() - started
                 _callgrind("--instr=off", pid)
                 _callgrind("--dump", pid)
-        return _instructions(workdir) / requests, seconds
+                _callgrind("--instr=on", pid)  # the same timers with no load, to subtract
+                await asyncio.sleep(IDLE_S)
+                _callgrind("--instr=off", pid)
+                _callgrind("--dump", pid)
+        if keep is not None:
+            _keep(workdir, keep, config)
+        dumps = _dumps(workdir)
+        return dumps[1] / requests, dumps[2] / IDLE_S, seconds
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -129,10 +149,12 @@ async def main(args: argparse.Namespace) -> int:
     for n in range(1, args.rounds + 1):
         order = args.configs if n % 2 else list(reversed(args.configs))
         for config in order:
-            per_request, seconds = await count(config, args.prompt, args.requests)
-            results[config].append(per_request)
+            raw, idle, seconds = await count(config, args.prompt, args.requests, args.keep)
+            net = raw - idle * seconds / args.requests
+            results[config].append(net)
             print(
-                f"  round {n}: {config:8s} {per_request / 1000:8,.1f} K  ({seconds:.0f} s under callgrind)",
+                f"  round {n}: {config:8s} {net / 1000:8,.1f} K net ({raw / 1000:,.1f} K in the window, "
+                f"less {idle / 1e6:,.2f} M/s idle over {seconds:.0f} s under callgrind)",
                 flush=True,
             )
     first = args.configs[0]
@@ -147,7 +169,8 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=2000, help="requests in each counted window")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, each counting every configuration")
     parser.add_argument(
-        "--configs", nargs="+", choices=("default", "precise"), default=["default", "precise"]
+        "--configs", nargs="+", choices=("default", "quiet", "precise"), default=["default", "precise"]
     )
+    parser.add_argument("--keep", type=Path, default=None, help="copy callgrind's output files here")
     parser.add_argument("--prompt", choices=("tiny", "chat"), default="tiny")
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -17,8 +17,8 @@ import uvicorn
 from rich.markup import escape
 
 from taogate import __version__
+from taogate.admin_client import AdminError, admin_call
 from taogate.config_files import load_settings, redacted_dump
-from taogate.control.admin_client import AdminError, admin_call
 from taogate.dispatch.types import STRATEGIES
 from taogate.observe.logs import (
     ACCESS_FLUSH_S,
@@ -322,12 +322,18 @@ def status(
     from taogate.observe.console import status_view
     from taogate.observe.console import watch as watch_status
 
+    def fetch() -> Any:
+        try:
+            return admin_call("GET", base + "/admin/instances", secret)
+        except AdminError as exc:
+            if exc.exit_code != 3:  # refused: the watch ends
+                raise
+            return str(exc)  # unreachable: said, and retried
+
     console = Console()
     if watch:
         try:
-            watch_status(
-                lambda: admin_call("GET", base + "/admin/instances", secret), base, console, interval=interval
-            )
+            watch_status(fetch, base, console, interval=interval)
         except AdminError as exc:
             typer.echo(f"taogate: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None

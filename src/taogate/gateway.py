@@ -23,18 +23,19 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 
 from taogate.control.discovery import Discovery, Resolver, discovered_specs, system_resolver
-from taogate.control.events import FleetEvents
 from taogate.control.http import control_client, control_timeouts
 from taogate.control.kv_events import KvEventsSubscriber, require_precise
 from taogate.control.loops import Background
 from taogate.control.probes import HealthProbes
 from taogate.control.scraper import Scraper
 from taogate.control.warmup import Warmup
+from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.policy import Policy, make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.token_ids import MAX_PREFIX_TOKENS, PromptTokenizer, load_prompt_tokenizer
-from taogate.dispatch.tokens import TokenEstimator, TokenizerUnavailable, load_exact_counter
+from taogate.dispatch.tokens import TokenizerUnavailable, load_exact_counter
 from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.fleet.instance import InstanceSpec
 from taogate.observe.access_log import AccessLog

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import re
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.observe.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _text
+from taogate.observe.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _secs, _text
 from taogate.observe.logs import LOG_FORMAT, BatchedStreamHandler, SecondCachedFormatter
 
 
@@ -130,3 +131,17 @@ def test_property_no_line_separator_splits_an_access_line(rec: RequestRecord, fm
             rec.tag,
             rec.error,
         )
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(min_value=-1e9, max_value=1e9) | st.sampled_from([math.inf, math.nan]))
+def test_property_seconds_read_as_round_to_four_places(value: float) -> None:
+    """Up to a billion seconds: beyond, a double has fewer than four decimal places to show."""
+    assert _secs(value) == str(round(value, 4))
+
+
+def test_an_access_log_keeps_a_bounded_set_of_texts() -> None:
+    log = AccessLog("text")
+    for i in range(1000):
+        assert log.line(RequestRecord("r", "chat", 0.0, model=f"m {i}")).split(" ")[2] == 'model="m'
+    assert len(log._texts) <= 256

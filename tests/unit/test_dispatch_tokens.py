@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.tokens import (
     PromptSize,
-    TokenEstimator,
     TokenizerUnavailable,
     load_exact_counter,
     measure,

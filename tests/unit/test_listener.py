@@ -3,9 +3,10 @@ that moves one fails here, by name, before it fails a request."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import pytest
@@ -13,7 +14,7 @@ import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from taogate.listener import LimitedProtocol, ListenerLimits, protocol_class
+from taogate.listener import LimitedProtocol, ListenerLimits, _CycleTransport, protocol_class
 from taogate.serving import gateway_server_options
 from taogate.settings import GatewaySettings
 
@@ -139,3 +140,63 @@ def test_the_gateway_is_served_with_the_limited_protocol_and_its_limits() -> Non
     assert (limits.max_headers, limits.header_timeout, limits.max_connections) == (20, 3.0, 100)
     assert options["timeout_keep_alive"] == 9.0 and options["ws"] == "none"
     assert protocol_class(limits)._listener is not cls._listener  # one server, one set of connections
+
+
+class _Wire:
+    """A transport that records what is written to it."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after it closed"
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class _Connection:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = _Wire()
+        self.loop = loop
+        self.closed = False
+
+    def _close_after_response(self) -> None:
+        self.closed = True
+
+
+async def test_a_response_head_goes_out_with_its_body_in_one_write() -> None:
+    conn = _Connection(asyncio.get_running_loop())
+    cycle = _CycleTransport(cast(LimitedProtocol, conn))
+    cycle.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert conn.transport.writes == []
+    cycle.write(b"body")
+    cycle.write(b"more")
+    assert conn.transport.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"more"]
+    await asyncio.sleep(0)
+    assert conn.transport.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"more"]
+
+
+async def test_a_head_without_a_body_yet_goes_out_at_the_end_of_the_loop_turn_or_at_close() -> None:
+    loop = asyncio.get_running_loop()
+    stream = _Connection(loop)
+    _CycleTransport(cast(LimitedProtocol, stream)).write(b"head")
+    await asyncio.sleep(0)
+    assert stream.transport.writes == [b"head"]
+    closing = _Connection(loop)
+    cycle = _CycleTransport(cast(LimitedProtocol, closing))
+    cycle.write(b"head")
+    cycle.close()
+    assert closing.transport.writes == [b"head"] and closing.closed
+    gone = _Connection(loop)
+    _CycleTransport(cast(LimitedProtocol, gone)).write(b"head")
+    gone.transport.closed = True  # the client went away within the loop turn
+    await asyncio.sleep(0)
+    assert gone.transport.writes == []
+    big = _Connection(loop)
+    cycle = _CycleTransport(cast(LimitedProtocol, big))
+    cycle.write(b"head")
+    cycle.write(b"x" * 70000)
+    assert [len(w) for w in big.transport.writes] == [4, 70000]

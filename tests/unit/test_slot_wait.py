@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from taogate.fleet.engine import EngineSample
 from taogate.fleet.instance import Instance, InstanceSpec
-from taogate.observe.accounting import waiting_for_slots
+from taogate.fleet.learning import waiting_for_slots
 
 
 def _instance(running: float, waiting: float, *, inflight: int, prefilling: int) -> Instance:

@@ -1,33 +1,16 @@
 """Is it dispatch, one slow instance, or nothing? The queue-cap bisection, automated.
 
-``diagnose``: (1) **probe** each instance alone, straight to its URL: a ~4,096-token prompt (less if
-an instance's context is shorter) with a unique salt, ``max_tokens`` 1, ``tries`` times in turn with the
-others; its prefill speed is ``prompt_tokens / TTFT``, judged by the median and the spread of its tries
-(nothing else runs, so queueing cannot make it look slow, and one try disturbed by a busy machine
-cannot name the wrong instance). (2) **Run A**: the load through a fresh loopback gateway with the
-configured strategy and cap. (3) **Run B**: the same load with ``max_queue_per_instance`` lowered to
-``low_cap`` (8). Both runs give every request a prefix of its own (``workloads.unshared``): prefix
--cache hits make some requests fast and others slow whatever the dispatch, which would pass for an
-imbalance; each instance's hit rate, from its own prefix-cache counters, is shown. (4) Evidence:
-per-instance completion times of both runs and each gateway's learned ``relative_speed``.
+``diagnose`` probes each instance alone (prefill speed from a ~4,096-token prompt's TTFT, several
+tries), then runs the same load through a loopback gateway twice: with the configured
+``max_queue_per_instance`` (run A) and with it lowered to ``low_cap`` (run B). Every request has a
+prefix of its own, so prefix-cache hits cannot pass for an imbalance.
 
-``decide`` (pure), first match wins:
-
-- **dispatch** (exit 1): ``max latency(A) / max latency(B) >= drop`` (1.5): the lower cap fixed it, so
-  requests piled up in one queue. Not when run A never had more than ``low_cap`` on one instance (the
-  cap could not bind: the difference is noise), nor when a probed-slow instance already got under
-  0.75x its fair share of run A (dispatch routes around it: the verdict is the instance's).
-- **slow** (exit 2): the lower cap did not help, and an instance's probed speed is below ``slow``
-  (0.6) x the fleet's median, its best try too below the midway to the median (without probes, or
-  when an instance's probes all failed: the gateway's learned ``relative_speed``).
-- **balanced** (exit 0): run A's max/mean is within ``IMBALANCE_RATIO`` (2); when the lowered cap
-  never bound, runs A and B are the same load twice and the better of the two is judged (a stall of
-  the machine lifts one try's max, an imbalance inside vLLM shows in both).
-- **inside** (exit 2): still over 2x with no slow instance and no help from the cap: look inside vLLM
-  (AllReduce, data movement), and at what else runs on the instances' CPUs (an engine that shares
-  a core with other work is slow while that work runs); or hits against misses when the
-  prefix-cache hit rate is high.
-- **error** (exit 3): a run had no successful request, or there was nothing to probe.
+``decide`` (pure), first match wins: **dispatch** (exit 1) when the lower cap fixed the latency;
+**slow** (exit 2) when it did not and an instance probes well below the median; **balanced**
+(exit 0) when run A's max/mean is within ``IMBALANCE_RATIO``; **inside** (exit 2) when it is still
+imbalanced with no slow instance: look inside vLLM and at what shares the instances' CPUs; **error**
+(exit 3) when a run had no successful request. The exact thresholds and their guards:
+benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The KV-events subscriber: one ZMQ SUB socket per instance that publishes, feeding its index.
 
-vLLM connects its PUB socket to a non-wildcard endpoint (``kv_events = "tcp://127.0.0.1:5557"`` on
-the instance), so the gateway binds that address; to a wildcard, IPv6 or ipc one vLLM binds, and
-the gateway connects: to a wildcard's port on the instance's own host (from its ``url``), as it
-does to the replay socket, which vLLM always binds. Each batch (``[topic, seq, msgpack [ts,
-events, rank]]``) goes to the instance's ``KvIndex`` in sequence. On a gap, with
-``kv_events_replay`` configured, the missing batches are asked for (a DEALER to vLLM's ROUTER) and
-applied in order; otherwise, or when the engine no longer has them, the index starts over and
-dispatch uses the approximate model until it is complete again. A batch that cannot be read also
-starts the index over; a subscription that ends, for any reason, takes its index with it.
-
-Data parallel: vLLM publishes rank r on the endpoint's port + r. Only the endpoint given is
-subscribed, rank 0's: its index is sized as one rank's share of the blocks, and a hit it counts
-may land on another rank (vLLM's API server balances between them).
-
-Anyone who reaches a bound SUB socket can publish into it: frames and msgpack containers are
-bounded, and a bind on anything but loopback is warned about.
-pyzmq and msgpack are the ``precise`` extra: imported only when an instance has ``kv_events``
-(``require_precise`` says at start and reload when they are missing).
+The gateway binds the instance's ``kv_events`` endpoint where vLLM connects to it (a specific
+address), and connects where vLLM binds (wildcard, IPv6, ipc), as it does to the replay socket. Each
+batch goes to the instance's ``KvIndex`` in order; on a gap the missing batches are asked for
+(``kv_events_replay``), else the index starts over and dispatch uses the approximate model until it
+is complete again. Only rank 0 of a data-parallel engine is subscribed. Frames are bounded, and a
+bind beyond loopback is warned about. pyzmq and msgpack are the ``precise`` extra, imported only
+when an instance has ``kv_events``. The full rules: benchmarks/README.md, "Design notes moved from
+the code".
 """
 
 from __future__ import annotations

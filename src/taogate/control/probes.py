@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import orjson
 
-from taogate.control.events import FleetEvents
+from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.health import HealthState, probe_result
 from taogate.fleet.instance import Instance

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import httpx
 
-from taogate.control.events import FleetEvents
 from taogate.fleet.engine import ScrapeError, engine_window, is_stale, parse_vllm_metrics, stale_after
+from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.instance import Instance
 from taogate.settings import Settings

@@ -8,12 +8,13 @@ robin, least busy) and ``admission`` (send, wait or refuse).
 """
 
 from .admission import decide, retry_after_seconds
+from .calibration import TokenEstimator
 from .load import LoadModel, expected_ttft
 from .policy import STRATEGIES, LeastBusy, Policy, RoundRobin, make_policy
 from .prefix import SharedPrefix, prefix_key, shared_prefix
 from .slow import SlowRule, slow_instances
 from .speed import SpeedEstimator, SpeedStat
-from .tokens import PromptSize, TokenEstimator, TokenizerUnavailable, load_exact_counter, measure
+from .tokens import PromptSize, TokenizerUnavailable, load_exact_counter, measure
 from .types import Decision, EngineStats, InstanceView, Refuse, RequestFacts, Send, Wait
 
 __all__ = [

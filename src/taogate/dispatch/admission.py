@@ -1,25 +1,12 @@
 """Admission: send a request now (and where), make it wait for a slot, or refuse it.
 
-``decide`` is a pure function of the request's facts and a snapshot of the fleet:
-
-1. **Model.** If some instance has told us its models and none serves the request's model, the model
-   does not exist here: ``Refuse("model_not_found")`` (404). Instances that have not listed their
-   models yet are assumed to serve anything.
-2. **Eligible** instances: available (healthy, breaker allows), serving the model, not excluded (a
-   retry never goes back to the instance that just failed it), and in the request's channel: a long
-   request (``req.long``) goes to role ``long`` or ``any``, a short one to ``short`` or ``any``.
-3. **Channel fallback.** When the request's own channel has *no* eligible instance at all (all down,
-   excluded or not serving the model; merely busy does not count), the other channel's instances are
-   used and the ``Send`` says ``channel_fallback=True``. Availability beats isolation: a long prompt
-   that waits behind short ones is better than a 503 while instances are up, and the flag lets logs
-   and metrics show that the isolation was given up.
-4. Eligible instances **with room** (in-flight under the cap) go to ``policy.choose``.
-5. None with room: the **overflow** instance, when it has room (``reason="overflow"``); it is used only
-   when every eligible primary is at its cap, including when none is eligible at all.
-6. Otherwise ``Wait`` if anything eligible exists (a slot will free: the gateway queue re-decides the
-   moment one does), or ``Refuse("no_instance")`` (503) when nothing could ever take the request.
-
-Work-conserving: it never answers ``Wait`` while an eligible instance has room.
+``decide`` is a pure function of the request's facts and a snapshot of the fleet. It refuses a model
+no instance serves (404), keeps the instances that may take the request (healthy, serving the model,
+not excluded, in its long/short channel, or the other channel when its own has none at all:
+``channel_fallback``), hands those with room to ``policy.choose``, else the overflow instance, else
+``Wait`` while anything eligible exists, else ``Refuse("no_instance")`` (503). It is
+work-conserving: never ``Wait`` while an eligible instance has room. Each step's reasoning:
+benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """What one instance's prefix cache probably holds, without seeing it: a bounded LRU of what we sent.
 
-vLLM keeps ``num_gpu_blocks - 1`` blocks (``vllm:cache_config_info``); a block stays a hit after
-its request ends until the LRU reuses it, and blocks of running requests are never evicted. The
-model replays that at the gateway, by prefix key and token volume:
-
-* ``dispatched``: a request with prefix key ``k`` occupies its prefix (``k``'s entry, reusable)
-  and the rest of its prompt and output (an anonymous entry, never a hit), both pinned while it
-  runs. Entries are whole blocks; the least recently used unpinned ones are evicted while the
-  total passes the capacity, so at most ``capacity`` blocks are modelled (memory is bounded by
-  the instance's own cache, never by traffic).
-* ``finished``: vLLM frees a request's blocks tail first to the fresh end of its LRU: the
-  anonymous part, then the prefix, move to the most recent end, unpinned.
-* ``expected_hit``: a key is a hit here only once this engine has computed it: a first token of a
-  request that carried it here (``computed``), or an answer whose ``cached_tokens`` shows a hit. A
-  key only *sent* here is no hit yet: its followers are priced at their whole prompt, and the
-  lease books them at that cost, until the evidence arrives. vLLM does hit a follower queued
-  behind its leader on the same instance (it caches blocks when it schedules them), but an engine
-  that makes blocks hittable only when their prefill completes does not, and a price that assumes
-  the hit piles every follower of a burst onto an instance that has not computed the prefix yet.
-  Across instances nothing is shared, and a key never computed here is no hit. At most ``(prompt
-  - 1) // block_size`` blocks hit (vLLM recomputes the last token), scaled by ``trust``.
-* ``trust``: how much of what the model predicted the engine really hit, an EWMA of actual over
-  predicted hit tokens, from each answer's ``cached_tokens`` when vLLM reports it, else from the
-  instance's ``vllm:prefix_cache_hits`` counter against the predictions made since the last scrape.
-  Another replica's traffic, a restart or a wrong capacity lower it; it recovers as hits come back.
-* ``eviction_cost``: the reused prefix tokens a miss here would push out of a full cache, which a
-  later request would have to prefill again: what spreading a hot prefix costs on a tight cache.
+vLLM keeps a block cached after its request ends until its LRU reuses it, and never evicts a running
+request's blocks. The model replays that at the gateway by prefix key and token volume: a request
+pins its prefix (reusable) and the rest of its prompt and output (never a hit) while it runs,
+``finished`` moves them to the fresh end unpinned, and at most ``capacity`` blocks are modelled.
+``expected_hit`` counts a key only once this engine has computed it (a first token of a request that
+carried it here, or an answer's ``cached_tokens``): a key only *sent* here prices its followers at
+their whole prompt, so a burst cannot pile onto an instance that merely looks warm. It is scaled by
+``trust``: how much of what the model predicted the engine really hit. ``eviction_cost`` is what a
+miss would push out of a full cache. Each rule's reasoning: benchmarks/README.md, "Design notes
+moved from the code".
 """
 
 from __future__ import annotations

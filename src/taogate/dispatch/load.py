@@ -1,45 +1,17 @@
 """The load estimate: expected seconds until a request's first token on one instance (and its end).
 
 Least busy means least *work*: a 4,096-token prefill is not a 50-token one, and a slow instance drains
-the same work more slowly. For a request expected to cost ``P`` prefill tokens on instance ``i``
-(``expected_prefill``: its prompt, less a prefix the instance is known to hold)::
+the same work more slowly. For a request costing ``P`` prefill tokens on instance ``i``::
 
-    queued  = prefill_work_i  (else prefill_tokens_i * uncached_i) # our outstanding prefill, instant
-            + max(0, engine.waiting - prefilling_i) * typical   # queued there by others (other replicas)
-    slow    = 1 + decode_weight * running_i / step_tokens      # decodes take a token of every step
-            * (1 + kv_penalty * ((kv - kv_threshold) / (1 - kv_threshold))**2   if kv > kv_threshold)
-    ttft_i  = base_i + (queued + P) * slow / speed_i
-    batch   = 1 + n_i / decode_batch_ref                       # sequences sharing each step
-    end_i   = ttft_i + min(max_tokens, decode_horizon) * tpot_i * batch   # expected_latency
+    ttft_i = base_i + (queued_i + P) * slow_i / speed_i
+    end_i  = ttft_i + min(max_tokens, decode_horizon) * tpot_i * batch_i
 
-* ``base_i``: the fixed latency (an engine step, HTTP); when every prompt is a prefix-cache hit, the
-  only sign of a slow card.
-* ``prefill_work_i`` / ``prefilling_i``: our requests there with no first token yet (expected
-  uncached tokens, count), so a burst within one scrape interval sees itself at once. Each books
-  its prompt less the hit its cache view expected there (``policy``). Without that booking, the
-  whole prompts (``prefill_tokens_i``) discounted by the instance's recent uncached share
-  (``SpeedEstimator.uncached_ratio``): undiscounted, an instance whose prompts all hit the cache
-  looks as busy as one prefilling every token.
-* ``engine.waiting`` counts every request queued in vLLM, ours included; less ours without a first
-  token, the rest are foreign, each ``typical`` tokens. Some of ours already run, so this undercounts:
-  it never makes an instance look busier because of us.
-* ``running_i = max(engine.running, our decoding)`` (the scrape may be a second old): each running
-  sequence takes a token of every step's budget (``step_tokens``, vLLM's ``max_num_batched_tokens``);
-  kept modest, as the learned speed already absorbs a typical decode load. Near-full KV cache makes
-  vLLM preempt and re-prefill, hence the quadratic penalty above ``kv_threshold``.
-* ``tpot_i`` (learned seconds per output token): when prefill is cheap the latency is the decode, and
-  a slow card decodes slowly too. Only ``decode_horizon`` tokens count: ``max_tokens`` is a limit, not
-  a forecast. ``batch`` (``n_i``: our requests there, or the engine's running + waiting if more) is
-  what spreads a burst of cache hits or tiny prompts evenly, and on a fleet of equal cards it must
-  outweigh the noise between their learned paces: ``decode_batch_ref`` sits near where the
-  emulator's step doubles (~38 sequences; a large model's at more). At twice that, a cached burst
-  on four equal cards split unevenly and lost to least-requests (measured: benchmarks/dispatch.py).
-* ``engine`` is ``None`` when never scraped or too stale: our own counts alone, exact for one gateway.
-
-``estimate`` computes it all in one flat pass, for every candidate of every request: per-term calls
-and ``max``/``min`` built-ins made dispatch the costliest step of a proxied request (measured:
-benchmarks/overhead.py). The small functions below spell the formula out term by term; a property
-test holds the two equal.
+``queued_i`` is our own booked prefill there plus what the engine reports queued by others;
+``slow_i`` grows with the decodes sharing each step and with a nearly full KV cache; ``batch_i``
+spreads a burst of cache hits or tiny prompts evenly. ``estimate`` computes it all in one flat pass
+(it runs for every candidate of every request); the small functions below spell the formula out
+term by term, and a property test holds the two equal. Each term's reasons and measurements:
+benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

@@ -3,48 +3,18 @@
 ``admission.decide`` filters the fleet down to the instances that may take a request now and hands
 them to ``Policy.choose``; a policy only ranks.
 
-* ``RoundRobin``: a cursor over instance names, the A/B baseline (it piles long prompts onto
-  whichever instance the cursor happens to hit).
-* ``LeastBusy``: the smallest expected latency (``load.estimate``): fixed latency plus queued prefill
-  over learned speed, plus the first output tokens at the learned decode pace. Near-ties (within
-  ``tie_ratio``: learned speeds carry that much noise) go to the instance with the fewest requests in
-  flight, names rotating among equals, so an idle fleet or a burst of cache hits spreads evenly
-  instead of feeding the fastest-looking instance.
+* ``RoundRobin``: a cursor over instance names, the A/B baseline.
+* ``LeastBusy``: the smallest expected latency (``load.estimate``); near-ties (``tie_ratio``) go to
+  the fewest requests in flight, so an idle fleet or a burst of cache hits spreads evenly.
 * ``LeastRequests``: the fewest requests in flight (nginx's ``least_conn``), a benchmark baseline.
 
-**Prefix affinity** (``LeastBusy(affinity=True)``). Each candidate carries a view of its prefix
-cache (``InstanceView.cache``: modelled from what was sent there, ``cache_model``, or indexed from
-its KV events). A request is costed on each candidate with the prefill it needs *there*: its
-prompt less the hit that instance's cache is expected to give (``CacheView.hit``). A key never
-sent anywhere is a hit nowhere, so unique prompts are dispatched on load alone. A miss on an
-instance whose cache is full also pays for the reused prefixes it would evict
-(``CacheView.eviction_cost`` at that instance's speed): those are prefilled again later. So a hot
-prefix stays on as few instances as its load needs and spreads only when a holder's queue costs
-markedly more than prefilling it elsewhere (the hold below), and on a tight cache only when that
-is worth the eviction too.
-
-A prefix is a hit on an instance only once that engine has computed it (``CacheView.hit``: a first
-token, an answer, a KV event). An instance where it was only *sent* (our requests with the key in
-flight there, no evidence yet) prices a follower at its whole prompt and books it at that cost, so
-a burst on a prefix no engine has computed spreads as its load needs; it still counts as a holder
-below (without the miss's eviction term: its prefix is placed there already), so a follower joins
-its leader while that costs no more than the hold allows. On vLLM, which caches blocks as it
-schedules them, such a follower hits; on an engine that caches a prompt only when its prefill
-completes it does not, and neither the price nor the booking assumed it would.
-
-* the cheapest candidate has the prefix: ``affinity_hit``;
-* else the cheapest holder, if its cost is within ``hold_ratio`` of the best's (plus
-  ``affinity_slack`` seconds): ``affinity_hit``; failing that the best (``affinity_override``),
-  which from then on holds the prefix too. A new copy costs more than its prefill now: it splits
-  the prefix's traffic between two copies that each must stay cached, and on a tight cache each
-  pushes out other prefixes that come back as misses. The per-request cost sees little of that,
-  so a holder keeps its prefix until it is markedly busier (a ratio, so the rule holds on any
-  hardware's timescale; benchmarks/README.md has how its value was chosen);
-* among near-ties the one with the fewest requests in flight, then the key's rendezvous choice,
-  so replicas that hash alike agree where a new prefix starts.
-
-``Send.work`` is the prefill expected there; the lease books it, so the next decision sees each
-queue's real work (a warm burst books a few tokens each, not whole prompts).
+With prefix affinity, each candidate is costed with the prefill it needs *there* (its cache's
+expected hit, plus what a miss would evict on a full cache); a holder of the prefix keeps it until
+its cost is markedly worse than the best's (``hold_ratio``), so a hot prefix stays on as few
+instances as its load needs. A prefix counts as a hit only once that engine has computed it (or
+the instance has shown that followers of an in-flight prefix hit); an instance where it was only
+sent still holds it for the hold rule, at full price. ``Send.work`` is the prefill booked by the
+lease. The reasoning and how ``hold_ratio`` was chosen: benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
 """Prefix keys: which requests share the start of their prompt, so they can meet the same instance.
 
-vLLM's ``--enable-prefix-caching`` skips the prefill of a prompt's leading blocks when they are already
-in that instance's KV cache. It pays only when requests that share a prefix are sent to the same
-instance, so the gateway hashes the part of the prompt that requests share and ``affinity.py`` maps
-the hash to a preferred instance.
+vLLM's prefix caching skips the prefill of leading blocks already in that instance's KV cache; it
+pays only when requests sharing a prefix go to the same instance. The shared part hashed here:
 
-What counts as the shared part:
+* **Chat** (and Responses with a message list): everything but the last message (system prompt,
+  tool schemas, history): what the next turn, or another question under the same system prompt,
+  repeats.
+* **A single message or a plain prompt**: its first ``BLOCK_CHARS`` characters (about 256 tokens).
+* Under ``MIN_PREFIX_CHARS``, or embeddings and /tokenize: no key.
 
-* **Chat** (and Responses with a message list): the conversation up to, excluding, the last message:
-  the system prompt plus the history, which is exactly what the next turn of the same conversation,
-  or another question under the same system prompt, repeats. The tool schemas are part of it, as chat
-  templates render them into the system block. Keying on the first message only would merge every
-  conversation that shares a system prompt but not their histories; keying on everything but the
-  last message is what the next turn reuses.
-* **A single message or a plain prompt**: the first ``BLOCK_CHARS`` characters (about 256 tokens). A
-  prompt's shared part cannot be known from one request, but shared prefixes are by nature leading
-  text: templates, documents, few-shot examples. A ~1,000-char block is long enough that unrelated
-  prompts almost never collide, and short enough to catch prefixes that are only a few hundred
-  tokens long.
-* **Too short to matter**: under ``MIN_PREFIX_CHARS`` (about 128 tokens, eight of vLLM's 16-token
-  blocks) the saving is smaller than the cost of bending dispatch for it: ``None``.
-
-The model is part of the key: two models never share a KV cache. Embeddings and /tokenize get no key
-(pooling and tokenizing do not reuse a prefix cache worth steering for).
-
-A key reads at most ``MAX_ITEMS`` messages and content parts: a longer history is keyed on its
-first messages, which requests sharing it share too, so a body of a million messages costs no more
-than a normal one.
+The model is part of the key (two models never share a KV cache), and at most ``MAX_ITEMS`` messages
+and parts are read, so a huge body costs no more than a normal one. Why these cuts:
+benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

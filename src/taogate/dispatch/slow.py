@@ -2,27 +2,14 @@
 
 A slow card (thermal throttling, a bad link, a noisy neighbour) made visible: ``Fleet.update_slow``
 runs ``slow_instances`` over ``SpeedEstimator.snapshot()`` after each probe and scrape round;
-``control.events.FleetEvents.check_slow`` logs and counts each change, ``taogate_instance_slow`` and
-``taogate status`` show it.
+``fleet.events.FleetEvents.check_slow`` logs and counts each change.
 
-**Evidence.** Dispatch that works starves a slow card: the further below the others it is, the less
-traffic, hence fewer samples, it gets. So the evidence a flag needs shrinks with the gap: an estimate
-built from ``e`` full-size samples is off by about ``noise / sqrt(e)`` in log speed, and a card is
-flagged once its gap below the line, ``ln(ratio / relative)``, exceeds ``confidence`` such errors.
-A card at a tenth of the others' speed is flagged on its first full-size sample (a warm-up's).
-``noise`` is the least spread assumed: where an instance's samples stray further from its
-estimate (``SpeedStat.spread``: a busy host, an HTTP server that stalls now and then), that spread
-is the yardstick, as the estimate is that much less sure. Judged by the assumed spread alone,
-identical real cards on a busy host were flagged slow by most gateways that served them
-(measured: benchmarks/README.md).
-
-**Memory.** The learned speed is an EWMA: however many samples it has seen, it rests on about
-``memory`` of them (``(2 - alpha) / alpha``, the estimator's smoothing), and its error stops
-shrinking there. Counting every sample ever seen would grow a confidence the estimate never has:
-under load, equal cards' estimates wander to half of each other's and one got flagged. So the
-evidence judged is at most ``memory``, and a card needs to be below about 0.47x the others' (at
-the defaults, less where its samples stray further) to be flagged at all: a card just under the
-line is within its own estimate's noise.
+A card is flagged once its gap below the fleet, ``ln(ratio / relative)``, exceeds ``confidence``
+times the error of its estimate: ``spread / sqrt(evidence)``, where the spread is at least ``noise``
+and the evidence at most the EWMA's ``memory``. Dispatch starves a slow card of samples, so the
+evidence needed shrinks as the gap grows; an EWMA never becomes surer than its memory, so a card
+just under the line is left alone. The cases behind both rules: benchmarks/README.md, "Design notes
+moved from the code".
 """
 
 from __future__ import annotations

@@ -1,43 +1,14 @@
 """Each instance's prefill speed (prompt tokens/s), learned online (``slow`` flags the slow cards from it).
 
-Dividing load by a learned speed gives a 2.5× slow instance proportionally less work unconfigured.
-
-**Each request teaches once.** A stream's first token after ``ttft``, with ``ahead_tokens`` booked
-ahead and ``uncached_tokens`` of its own, shows ``work = ahead + uncached`` done in ``ttft``; it
-teaches at once, unless the engine had requests waiting then (the TTFT may hold a wait for a batch
-slot that no booked work explains). Every other request teaches through what the engine measured
-(``observe_engine``), where the instance reports it: vLLM's per-request phase histograms, differenced
-between scrapes (``fleet.engine.engine_window``), give the mean prefill time and the prompt tokens
-really prefilled (cache hits excluded) of the requests that finished in between, streamed or not,
-without their wait for a slot or the HTTP path, and the decode pace; the window weighs by the
-requests in it not already learned from one by one. A non-stream answer's prefill cannot be told from
-its decode without assuming a pace: where the engine reports none, its duration less the decode at
-the pace learned from streams teaches (not at all while no pace is known, or when decoding dominates).
-
-**Checked against the engine.** A TTFT can hold time spent outside the engine: the instance's
-HTTP server or tokenizer held up, a stalled host. Where the engine reports its phases, a TTFT
-that teaches a speed is held (``hold``) until the instance's next window: if the window's
-requests spent far less in the engine (waiting for a slot and prefilling) than the held TTFTs
-took, the time was lost outside the engine's prefill and the TTFTs teach nothing; the window
-teaches its requests itself. Otherwise, or when a scrape brings no window (``settle``), they teach
-as they came. Unchecked, one answer held up outside the engine made an idle card look several
-times slower, and dispatch, avoiding it from then on, never learned better.
-
-**Fixed latency.** ``ttft ≈ base + work / speed``: each instance learns ``base`` from samples under
-``small_tokens`` of work and its speed only from larger ones, as ``work / (ttft - base)``, so short
-prompts do not make a card look slow; its ``base`` still shows a slow card that gets only those.
-An engine window is on the engine's own clock, which holds no such latency: it teaches the speed as
-its computed tokens over its prefill time, and nothing from a window of small prompts.
-
-**Fit.** An EWMA of ``log(speed)`` (ratios are multiplicative); a sample weighs by the work it covers
-and the requests it averages (an engine window); a weighted running mean until the EWMA takes over, so
-the seed is soon forgotten; once warm, a sample is clamped to ``clamp``× the estimate. **Seed.**
-``weight`` × ``nominal``, then ``weight`` × the fleet's learned median per unit weight.
-
-**Cap.** A speed learned from the gateway's timings, on an instance that reports no phases, is held
-to ``fast_cap`` × the others' median: when vLLM does not say which tokens hit its prefix cache, a card
-whose prompts hit it *looks* fast, and uncapped that would feed on itself. Where it reports phases,
-their computed tokens exclude hits, and their computed share discounts a prompt whose hits are unsaid.
+Dividing load by a learned speed gives a slow instance proportionally less work, unconfigured.
+``ttft ≈ base + work / speed``: each request teaches once, from its stream's first token (the work
+booked ahead of it plus its own uncached tokens) or from what the engine itself measured between two
+scrapes (vLLM's per-request phase histograms). A TTFT that the engine's own phases show was lost
+outside its prefill teaches nothing. The fit is an EWMA of ``log(speed)`` weighted by the work each
+sample covers, seeded from the fleet's median; a speed learned without the engine's phases is capped
+at ``fast_cap`` × the others' median, as unseen prefix-cache hits would make a card look fast.
+Why each rule, and what went wrong without it: benchmarks/README.md, "Design notes moved from the
+code".
 """
 
 from __future__ import annotations

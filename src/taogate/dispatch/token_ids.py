@@ -1,23 +1,12 @@
 """A request's own token ids, as vLLM will prefill them: what precise prefix-cache dispatch looks up.
 
-With ``[prefill] tokenizer`` (the model's local ``tokenizer.json``) and its chat template (``[prefill]
-chat_template``, else ``chat_template`` in the ``tokenizer_config.json`` or a ``chat_template.jinja``
-beside it), the ids are made as vLLM makes them:
-
-* chat: the template rendered in a sandboxed Jinja environment with ``trim_blocks`` and
-  ``lstrip_blocks``, ``messages``, ``tools``, ``add_generation_prompt=True`` and the special-token
-  strings, then encoded *without* special tokens (the template writes BOS itself);
-* completions: a string prompt encoded *with* special tokens; a list of ids as it is.
-
-Anything else (batches, images, a template that fails, and fields that change vLLM's prompt in ways
-not reproduced here: ``UNREPRODUCED``) gives no ids: those requests are dispatched by the
-approximate cache model.
-
-Bounded: only a prefix worth steering is encoded and hashed, at most ``max_tokens`` (the caller's
-cap). The text is cut to ``CHARS_PER_TOKEN`` characters per token wanted before it is encoded and
-the last ``CUT_MARGIN`` tokens before the cut are dropped (a cut word encodes differently), so the
-ids kept are the full prompt's; dense text yields fewer, never wrong ones. ``PromptBlocks`` keeps
-only the block hashes for the block sizes in use, not the ids.
+With ``[prefill] tokenizer`` and the model's chat template, chat requests are rendered as vLLM
+renders them (sandboxed Jinja, ``add_generation_prompt``) and encoded without special tokens;
+completions prompts are encoded with them, and lists of ids are taken as they are. Anything not
+reproduced here (batches, images, a failing template, ``UNREPRODUCED`` fields) gives no ids, and
+those requests use the approximate cache model. Bounded: only a prefix worth steering is encoded, at
+most ``max_tokens``, and ``PromptBlocks`` keeps only the block hashes in use. The details of the cut:
+benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

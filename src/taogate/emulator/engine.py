@@ -1,44 +1,20 @@
 """The engine model: a pure, virtual-time imitation of vLLM's continuous-batching scheduler.
 
-One *step* of the engine (vLLM v1 scheduler, chunked prefill on):
+One *step* (vLLM v1, chunked prefill): every running request past its prefill gets one decode token;
+the rest of ``max_num_batched_tokens`` goes to prefill chunks, running requests first, then waiting
+ones in arrival order while fewer than ``max_num_seqs`` run and the KV cache can hold them. The step
+lasts ``(step_overhead + prefill / prefill_tokens_per_s + decode / decode_tokens_per_s) * slowdown``.
 
-1. Every running request that has finished prefill gets one decode token.
-2. The rest of the ``max_num_batched_tokens`` budget goes to prefill chunks: first to running requests
-   still in prefill, then to waiting requests admitted in arrival order (FIFO, head-of-line blocking:
-   if the head does not fit, nobody behind it is admitted), while fewer than ``max_num_seqs`` run and
-   the KV cache can hold the newcomer.
-3. The step lasts ``(step_overhead + prefill_tokens / prefill_tokens_per_s
-   + decode_tokens / decode_tokens_per_s) * slowdown``. A request's first token is sampled in the step
-   that completes its prefill; it finishes when it has ``max_tokens`` tokens (``max_tokens == 0`` is an
-   embedding/pooling request that finishes when prefill is done).
-
-KV: admission reserves room for ``prompt + max_tokens`` tokens (minus prefix-cache hits) so an admitted
-request never stalls or gets preempted; blocks are then *taken* only as tokens enter the cache, so
-``kv_cache_usage`` grows with prefill and decode as in vLLM. (vLLM over-admits and preempts instead;
-reservation keeps the model simple and its invariants provable.) With prefix caching on, every block
-that a step fills (prompt or generated tokens) is cached when the step is *scheduled*, as vLLM does:
-a request admitted later, even in the same step, hits it (``hits_after_prefill``: a prompt's blocks
-only once its prefill completes, as some engines do); ``take_events`` returns vLLM's KV events for
-what was cached and evicted (``kv_cache``).
-
-Defaults (see ``EmulatorConfig``), chosen to give a healthy card's shape (benchmarks/emulator_figures.py
-shows it in real time):
-
-- ``prefill_tokens_per_s = 20_000`` and ``step_overhead = 12 ms``: a lone 4,096-token prompt takes two
-  2,048-token chunks, ≈ 2 × (12 + 102) ms ≈ 0.23 s to first token, within the ~0.1–0.3 s a healthy
-  GPU takes for it.
-- ``decode_tokens_per_s = 3_200``: decode is memory bound, so a batch costs little more than one
-  sequence: ≈ 12.3 ms per token alone, ≈ 22 ms per token with 32 sequences decoding.
-- ``max_num_seqs = 32``, ``max_num_batched_tokens = 2048``: vLLM's usual online-serving values.
-- ``kv_cache_tokens = 262_144`` (16,384 blocks of 16): about what an 8B model leaves for KV on an
-  80 GB card; 32 concurrent 4k-token requests fit, so KV pressure appears only when configured
-  (``num_gpu_blocks_override``, as vLLM's flag). Blocks of 16 tokens: vLLM's default on a GPU, which
-  is what the speeds above model (vLLM on CPU uses 128; ``block_size`` sets it).
-- ``slowdown`` multiplies every step: a slow card (throttled, or on a bad link).
+Admission reserves KV room for ``prompt + max_tokens`` (less prefix-cache hits), so nothing is ever
+preempted (vLLM over-admits and preempts instead; reserving keeps the invariants provable); blocks
+are taken as tokens enter the cache and cached when their step is scheduled, as in vLLM, so a
+request admitted later, even in the same step, hits them (``hits_after_prefill``: only once the
+prompt's prefill completes, as some other engines do). ``take_events`` returns vLLM's KV events for
+them. The defaults model a healthy GPU card (``EmulatorConfig``; their figures: benchmarks/README.md,
+"Design notes moved from the code").
 
 The engine never reads a clock: ``schedule()`` returns a ``StepPlan`` with its duration, the caller
 waits that long (really or virtually), then ``update(plan)`` applies it and returns the outputs.
-Aborts may happen in between; ``update`` skips requests that are gone.
 """
 
 from __future__ import annotations

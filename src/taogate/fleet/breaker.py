@@ -1,31 +1,15 @@
 """Circuit breaker on the requests themselves: a pure state machine with an injected clock.
 
-Health probes are not enough: a vLLM engine can hang (or fail every request) while /health still
-answers 200. So the gateway also counts the verdicts of real requests sent to each instance::
+A vLLM engine can hang (or fail every request) while /health still answers 200, so the verdicts of
+real requests count too: ``failures`` in a row open the breaker for a cooldown (doubling up to
+``max_cooldown`` while trials fail); then one trial request is let through (HALF_OPEN), and its
+verdict closes or reopens it. Verdicts of requests sent before the trip are ignored while OPEN.
 
-               `failures` request failures in a row
-    CLOSED ───────────────────────────────────────────► OPEN ◄──────────────┐
-      ▲                                                   │                 │ verdict: failure
-      │                                                   │ cooldown over,  │ (cooldown doubles,
-      │ verdict: success                                  │ a request is    │  up to max_cooldown)
-      │ (cooldown back to base)                           ▼ dispatched      │
-      └───────────────────────────────────────────── HALF_OPEN ─────────────┘
-                                                     one trial request in flight
-
-OPEN whose cooldown has elapsed *reads* as HALF_OPEN (``state``/``allows``); the stored state moves
-when ``on_dispatch`` claims the trial. While OPEN, verdicts of requests sent before the trip
-(stragglers of a hung instance) are ignored: they must neither extend nor cut short the cooldown.
-Once the trial is out, the first verdict decides, even a straggler's: it is just as recent evidence
-about the instance, and the trial slot is freed either way, so it can never leak.
-
-Caller protocol per request: ``allows(now)`` while building the dispatch snapshot (read-only),
-``trial = on_dispatch(now)`` in the same synchronous step when the request is really sent, then
-``record_success``/``record_failure`` for a verdict and, if it was the trial, ``release_trial()``
-when it ends (a no-op after a verdict; it frees the slot when the client went away without one).
-
-Transitions are reported once each: ``record_success``/``record_failure``/``reset`` return the one
-they caused. OPEN → HALF_OPEN is not reported: it happens inside ``on_dispatch``, whose result (this
-request is the trial) says it, and the trial's verdict reports what follows.
+Per request: ``allows(now)`` while building the dispatch snapshot, ``trial = on_dispatch(now)`` when
+it is really sent, ``record_success``/``record_failure`` for its verdict and, for the trial,
+``release_trial()`` when it ends (which frees the slot when the client left without a verdict).
+Each transition is returned once by the call that caused it. The state diagram and the reasoning on
+stragglers: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

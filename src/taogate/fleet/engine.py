@@ -1,31 +1,16 @@
 """Pure parser of a vLLM instance's Prometheus ``/metrics`` text into one ``EngineSample``.
 
 The scrape loop (``control.scraper``) fetches the text and stamps the time; everything here is
-plain data in, plain data out, so it is tested on fixture text without a server::
+plain data in, plain data out::
 
     /metrics text ──parse_vllm_metrics──► EngineSample ──┬── running, waiting, kv_usage (gauges)
                                                          ├── counters ──hit_rate(prev, cur)──► 0..1
-                                                         └── phase sums ──engine_window(prev, cur)──►
-                                                             what the engine measured per request
+                                                         └── phase sums ──engine_window(prev, cur)
 
-    sample age:  fresh ──(> max(3 × interval, 2 s))──► stale: not trusted by dispatch
-
-The phase sums are vLLM's per-request histograms (``vllm:request_prefill_time_seconds``: from the
-request's first scheduled step to its first token; ``vllm:request_queue_time_seconds``: waiting
-before that; ``vllm:request_decode_time_seconds``; ``vllm:request_prefill_kv_computed_tokens``: the
-prompt tokens really prefilled, cache hits excluded). Their ``_sum`` and ``_count`` differences
-between two scrapes say how fast the engine prefilled the requests that finished in between,
-streamed or not, without the time they waited for a batch slot and without the HTTP path.
-
-Why these metrics: the engine's own ``waiting``/``running`` gauges count work from every gateway
-replica, which our in-flight counts cannot see. The KV-cache gauge was renamed in vLLM's V1 engine
-(``vllm:gpu_cache_usage_perc`` → ``vllm:kv_cache_usage_perc``) and so were the prefix-cache counters
-(``vllm:gpu_prefix_cache_*`` → ``vllm:prefix_cache_*``); the new name wins and the old one is the
-fallback, so one gateway serves a mixed-version fleet.
-
-Errors: ``ScrapeError`` (a ``ValueError``) for text that is not Prometheus exposition at all (an HTML
-error page, JSON). A well-formed text that lacks a metric gives ``None`` for that field, never an
-exception: an instance that is still loading, or an older vLLM, must not break the scrape loop.
+The engine's gauges count work from every gateway replica, which our own counts cannot see; its
+per-request phase histograms, differenced between scrapes, say how fast it prefilled, without slot
+waits or the HTTP path. vLLM V1's metric names win, the older ones are the fallback. Text that is not
+Prometheus exposition raises ``ScrapeError`` (a ``ValueError``); a missing metric is ``None``.
 """
 
 from __future__ import annotations

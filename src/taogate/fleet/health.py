@@ -2,23 +2,14 @@
 
 ::
 
-                 1 good probe                       healthy_after good probes in a row
-    UNKNOWN ─────────────────────► UP ◄──────────────────────────────────────────┐
-       │                            │                                            │
-       │ unhealthy_after bad        │ unhealthy_after bad probes in a row        │
-       └──────────────────────────► DOWN ────────────────────────────────────────┘
+    UNKNOWN → UP     on its first good probe
+    UP → DOWN        after ``unhealthy_after`` bad probes in a row
+    DOWN → UP        after ``healthy_after`` good probes in a row
+    UNKNOWN → DOWN   after ``unhealthy_after`` bad probes (for logs and metrics)
 
-Only UP is eligible for traffic. UNKNOWN (never answered) is *not*: vLLM takes minutes to load a
-model and answers nothing useful meanwhile, so an instance that has never passed a probe would only
-collect connection errors. So every instance starts UNKNOWN and comes in on its first good probe;
-when nothing is eligible the gateway answers 503 + Retry-After at once, never waits.
-
-UNKNOWN → UP takes one good probe (``healthy_after`` is hysteresis against flapping after a failure;
-at startup there is nothing to flap from). UNKNOWN → DOWN after ``unhealthy_after`` failures is only
-for logs and metrics: both states are ineligible.
-
-``record`` returns a ``Transition`` only when the state changes, so the caller logs each transition
-once, not every probe.
+Only UP takes traffic: vLLM takes minutes to load a model, so an instance that never passed a probe
+would only collect connection errors; when none is UP the gateway answers 503 at once. ``record``
+returns a ``Transition`` only when the state changes, so each is logged once.
 """
 
 from __future__ import annotations

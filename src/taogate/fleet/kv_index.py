@@ -1,29 +1,14 @@
 """The blocks one instance really holds, from its KV-cache events (precise mode).
 
-vLLM publishes ``BlockStored`` when it *schedules* full blocks (prompt or generated) and
-``BlockRemoved`` only when it evicts one; the same hash may be stored twice (two physical blocks)
-and is then removed twice, so the index counts references per hash. Keys are vLLM's wire hashes
-(``dispatch.blocks``), so a request's own token ids, hashed the same way, are looked up directly:
-its hit is the longest run of its leading blocks present (``cached_run``), as vLLM's lookup stops
-at the first miss.
+``BlockStored``/``BlockRemoved`` events keep a reference count per vLLM block hash (the same hash may
+be stored twice), bounded at ``capacity`` hashes, oldest first out. A request's hit is the longest
+run of its leading block hashes present (``cached_run``), as vLLM's lookup stops at the first miss.
 
-Bounded: at most ``capacity`` hashes (the instance's usable blocks); past it, because removals
-were lost, the entries stored longest ago go first.
-
-Trust. Batches carry a sequence number from 0 per engine start. A batch numbered 0 below the one
-expected is a restart (the engine's cache is empty: start over, complete from here). Any other
-number below it is stale (a batch a replay already applied, still queued on the socket) and is
-ignored, unless it is stamped later than the last batch applied: then the engine restarted and we
-missed its first batches (start over, not complete). One that skips lost batches: the index may
-hold blocks that are gone and lack ones that are there, so it is ``trusted`` no longer; dispatch
-then uses the approximate model until a replay fills the gap, or, after starting over, until the
-engine has stored as many blocks as it holds (a full turnover: everything it holds was seen since).
-
-Only the GPU prefix cache of the first KV-cache group is indexed: events about offloaded copies
-(``medium`` other than ``GPU``) or other groups (hybrid models) describe blocks a request's lookup
-does not find. The first stored root block is checked against our own hash of its tokens: a
-server with another hash function or seed never matches a request's hashes, and precise mode is
-off for it (``off`` says why), as it is when the server says it hashes with another algorithm.
+Batches are numbered from 0 per engine start: a restart starts the index over, a stale batch is
+ignored, and a gap makes the index untrusted (dispatch falls back on the approximate model) until a
+replay fills it or the engine has turned its cache over. Only the first KV group's GPU blocks are
+indexed, and a server hashing differently is detected on its first root block and left out (``off``
+says why). The sequencing rules in full: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from taogate.control.admin_client import AdminError
-
 __all__ = ["COLUMNS", "Column", "fit_columns", "status_view", "table_width", "watch"]
 
 Row = Mapping[str, Any]
@@ -156,23 +154,23 @@ def status_view(data: Mapping[str, Any], base: str, width: int) -> RenderableTyp
 
 
 def watch(
-    fetch: Callable[[], Mapping[str, Any]],
+    fetch: Callable[[], Mapping[str, Any] | str],
     base: str,
     console: Console,
     *,
     interval: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Redraw the view in place every ``interval`` seconds until interrupted; an unreachable
-    gateway is said and retried, a refused key ends the watch (AdminError)."""
+    """Redraw the view in place every ``interval`` seconds until interrupted. ``fetch`` returns the
+    status, or a string saying why the gateway is unreachable (said, then retried); whatever it
+    raises ends the watch."""
     with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
-            try:
-                view: RenderableType = status_view(fetch(), base, console.width)
-            except AdminError as exc:
-                if exc.exit_code != 3:
-                    raise
-                view = Text(f"{exc}; retrying every {interval:g} s", style="bold red")
+            data = fetch()
+            if isinstance(data, str):
+                view: RenderableType = Text(f"{data}; retrying every {interval:g} s", style="bold red")
+            else:
+                view = status_view(data, base, console.width)
             stamp = Text(time.strftime("%H:%M:%S") + "  (Ctrl-C to stop)", style="dim")
             live.update(Group(view, stamp), refresh=True)
             sleep(interval)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from taogate.fleet.dispatcher import Dispatcher
@@ -49,7 +49,7 @@ class Frame:
     retries: Mapping[str, float]  # cumulative, by reason of the failed attempt
 
 
-def counter_totals(counter: Counter, label: str) -> dict[str, float]:
+def counter_totals(counter: Collector, label: str) -> dict[str, float]:
     """A labelled counter's values summed by one of its labels."""
     out: dict[str, float] = {}
     for family in counter.collect():

@@ -1,8 +1,9 @@
 """Every ``taogate_*`` metric, declared in one place on an injected registry.
 
 Per-request metrics are counters and histograms updated once at the end of a request (never inside
-the picker). Per-instance state (in-flight, queued prefill, health, breaker, engine scrape, speed) is
-read from the live objects at scrape time by a collector, so it costs nothing per request.
+the picker), in plain numbers (``plain_metrics``). Per-instance state (in-flight, queued prefill,
+health, breaker, engine scrape, speed) is read from the live objects at scrape time by a collector,
+so it costs nothing per request.
 
 Label values are bounded: instance names come from config, tags from ``[prefill] tag`` (or ``none``),
 routes from the route table, models from what the instances serve (``unknown`` otherwise), priority
@@ -19,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from taogate.fleet.engine import hit_rate
+from taogate.observe.plain_metrics import PlainCounter, PlainHistogram
 
 if TYPE_CHECKING:
     from taogate.fleet.dispatcher import Dispatcher
@@ -33,6 +35,9 @@ def priority_label(priority: int) -> str:
     return _PRIORITY_LABELS[min(max(priority, 0), 9)]
 
 
+#: The metrics ``GatewayMetrics.child`` takes: plain ones, and prometheus_client's.
+Metered = PlainCounter | PlainHistogram | Counter | Histogram
+
 # From a 5 ms tiny request to a multi-minute long-prefill stream.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 
@@ -41,107 +46,110 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self._metrics: dict[int, Counter | Histogram] = {}
-        self.requests = Counter(
+        self._metrics: dict[int, Metered] = {}
+        self.requests = PlainCounter(
             "taogate_requests",
             "Requests answered, by route, model, instance, status class and tag.",
             ["route", "model", "instance", "status_class", "tag"],
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = PlainHistogram(
             "taogate_request_duration_seconds",
             "Whole request time at the gateway, queue wait included.",
             ["route", "instance", "tag"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.ttfb = Histogram(
+        self.ttfb = PlainHistogram(
             "taogate_time_to_first_byte_seconds",
             "Time from dispatch to the instance's first response byte (TTFT for streams).",
             ["route", "instance", "tag"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = PlainHistogram(
             "taogate_queue_wait_seconds",
             "Time requests waited in the gateway queue for a slot.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.priority_requests = Counter(
+        self.priority_requests = PlainCounter(
             "taogate_priority_requests",
             "Requests answered, by priority class (clamped to 0-9) and status class.",
             ["priority", "status_class"],
             registry=registry,
         )
-        self.priority_queue_wait = Histogram(
+        self.priority_queue_wait = PlainHistogram(
             "taogate_priority_queue_wait_seconds",
             "Time requests waited in the gateway queue for a slot, by priority class (clamped to 0-9).",
             ["priority"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = PlainCounter(
             "taogate_prompt_tokens",
             "Prompt tokens sent to instances (from upstream usage when present, else estimated).",
             ["instance", "tag", "source"],
             registry=registry,
         )
-        self.completion_tokens = Counter(
+        self.completion_tokens = PlainCounter(
             "taogate_completion_tokens",
             "Completion tokens reported by instances.",
             ["instance"],
             registry=registry,
         )
-        self.rejections = Counter(
+        self.rejections = PlainCounter(
             "taogate_rejections",
             "Requests the gateway refused, by reason.",
             ["reason"],
             registry=registry,
         )
-        self.retries = Counter(
+        self.retries = PlainCounter(
             "taogate_retries",
             "Attempts retried on another instance, by reason of the failed attempt.",
             ["reason"],
             registry=registry,
         )
-        self.retries_denied = Counter(
+        self.retries_denied = PlainCounter(
             "taogate_retries_denied",
             "Failed attempts not retried: attempts exhausted or retry budget spent.",
             ["reason"],
             registry=registry,
         )
-        self.decisions = Counter(
+        self.decisions = PlainCounter(
             "taogate_dispatch_decisions",
             "Dispatch picks by strategy and reason (least_load, affinity_hit, affinity_override, ...).",
             ["strategy", "reason"],
             registry=registry,
         )
-        self.channel_fallbacks = Counter(
+        self.channel_fallbacks = PlainCounter(
             "taogate_channel_fallbacks",
             "Requests sent outside their long/short channel because it had no healthy instance.",
             ["channel"],
             registry=registry,
         )
-        self.stream_errors = Counter(
+        self.stream_errors = PlainCounter(
             "taogate_stream_errors",
             "Streams that ended early after their first byte, by reason.",
             ["instance", "reason"],
             registry=registry,
         )
-        self.client_disconnects = Counter(
+        self.client_disconnects = PlainCounter(
             "taogate_client_disconnects",
             "Requests whose client went away before the response was complete.",
             registry=registry,
         )
-        self.health_transitions = Counter(
+        self.health_transitions = PlainCounter(
             "taogate_health_transitions",
             "Health and breaker state changes per instance.",
             ["instance", "kind", "to"],
             registry=registry,
         )
 
-    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+    def count_transition(self, instance: str, kind: str, to: str) -> None:
+        self.child(self.health_transitions, instance, kind, to).inc()
+
+    def child(self, metric: Metered, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: the lookup costs several times the cached child
         (measured: benchmarks/overhead.py), and label sets are bounded (see the module docstring)."""
         key = (id(metric), labels)

@@ -16,9 +16,10 @@ from typing import Any, Final
 import orjson
 from starlette.types import Receive
 
+from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.token_ids import PromptTokenizer
-from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
+from taogate.dispatch.tokens import ExactCounter, PromptSize, prompt_size
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, BodyTooLarge, UnsupportedEncoding
 from taogate.proxy.auth import header

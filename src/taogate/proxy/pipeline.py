@@ -23,11 +23,11 @@ from typing import Any
 from starlette.types import Receive, Send
 
 from taogate import h1
-from taogate.control.events import FleetEvents
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import ErrorShape, GatewayError, NoInstance, UpstreamError
 from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.events import FleetEvents
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
 from taogate.fleet.load_report import RESPONSE_HEADER as LOAD_REPORT_RESPONSE

@@ -1,25 +1,11 @@
 """Failover policy, all pure: what is retryable, how long to back off, and the retry budget.
 
-::
-
-    attempt failed ──► classify(...) ──► Verdict(retry, instance_fault)
-                                           │             └─► FleetEvents.request_failed (its breaker)
-                                           ▼ retry
-                 attempts left, another instance could take it
-                 and RetryBudget.try_spend(now)? ── no ──► give the client the failure
-                                           │ yes
-                                           ▼
-                       sleep backoff(n, base, cap, rand) ──► another eligible instance, never the same
-
-Retry only what is the *instance's* problem and only while nothing has gone downstream: once the
-client has a status line or a byte of the body, a retry would splice two answers together. 4xx is the
-client's problem and fails the same everywhere (408 and 429 are the exceptions: the instance timed
-out or is overloaded, another one may not be). vLLM answers 500 for engine errors that are local to
-that instance (a crashed engine core, CUDA errors), so 500 is retried like 502/503/504.
-
-The budget caps retries at a fraction of recent requests: when the whole fleet is sick, retries
-would multiply load exactly when there is least capacity (a retry storm), so past the budget a failure
-goes back to the client instead.
+Retry only what is the *instance's* problem (connection failures, timeouts, 5xx, 408 and 429) and
+only while nothing has gone downstream: once the client has a status line or a byte of the body, a
+retry would splice two answers together. A retry goes to another eligible instance, never the one
+that failed, after ``backoff(n, base, cap, rand)``. The budget caps retries at a fraction of recent
+requests, so a sick fleet does not see its load multiplied by a retry storm. The flow chart and why
+500 is retried: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

@@ -10,17 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from taogate.fleet.breaker import BreakerTransition
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.health import HealthState, Transition
 from taogate.fleet.instance import Instance
-from taogate.observe.metrics import GatewayMetrics
 
-__all__ = ["FleetEvents"]
+__all__ = ["FleetEvents", "TransitionCounter"]
 
 log = logging.getLogger("taogate.health")
+
+
+class TransitionCounter(Protocol):
+    """Where each change is counted (the gateway's metrics)."""
+
+    def count_transition(self, instance: str, kind: str, to: str) -> None: ...
 
 
 class FleetEvents:
@@ -28,7 +34,7 @@ class FleetEvents:
         self,
         fleet: Fleet,
         dispatcher: Dispatcher,
-        metrics: GatewayMetrics,
+        metrics: TransitionCounter,
         *,
         breaker_cooldown: Callable[[], float],
         clock: Callable[[], float],
@@ -40,7 +46,7 @@ class FleetEvents:
         self._clock = clock
 
     def _count(self, name: str, kind: str, to: str) -> None:
-        self._metrics.child(self._metrics.health_transitions, name, kind, to).inc()
+        self._metrics.count_transition(name, kind, to)
 
     # -- the request path -----------------------------------------------------------------------
     def request_failed(self, inst: Instance) -> None:
