@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from pydantic import ConfigDict, Field, field_validator
 
-from taogate.settings import Section, check_base_url, expand_env
+from taogate.sections import Section, check_base_url
+from taogate.settings import expand_env
 
 __all__ = ["ClientProfile", "ClientRetry", "ClientSettings", "ClientTimeout", "VllmProfile"]
 

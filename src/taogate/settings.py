@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from taogate.dispatch.types import STRATEGIES, Role, SchedulingPolicy, Strategy
+from taogate.dispatch.types import STRATEGIES, Strategy
+from taogate.instance_settings import DiscoverySettings, InstanceSettings
+from taogate.sections import Section, check_base_url
 from taogate.tenancy.config import KeyList, LimitsSettings
 
 log = logging.getLogger("taogate.settings")
@@ -32,34 +34,6 @@ MIN_SAFE_READ_TIMEOUT = 30.0
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and the fix."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-def instance_label(url: str, name: str | None = None) -> str:
-    """What every command, the page and the metrics call an instance: its configured name, else its
-    URL's host:port (never the user:password part, since labels go into headers, metrics and logs)."""
-    if name:
-        return name
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    return f"{host}:{parts.port}" if parts.port else host
-
-
-def check_base_url(value: str, key: str) -> str:
-    parts = urlsplit(value)
-    if parts.query or parts.fragment:
-        raise ValueError(
-            f"{key} = {value!r} carries a query string or fragment; an API base never does. "
-            "This is the website address (with ?utm_… tracking parameters), not the API: requests "
-            f"would 404. Use {parts.scheme}://{parts.netloc}{parts.path} instead."
-        )
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{key} = {value!r} must be an absolute http(s) URL, e.g. http://127.0.0.1:8080")
-    return value.rstrip("/")
 
 
 class GatewaySettings(Section):
@@ -265,78 +239,6 @@ class PrefillSettings(Section):
     def _tag(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", v):
             raise ValueError(f"[prefill] tag = {v!r}: use 1-64 letters, digits, '_', '.', '-'")
-        return v
-
-
-class InstanceSettings(Section):
-    """One ``[[instances]]`` entry: a vLLM server (or any OpenAI-compatible base URL)."""
-
-    url: str = Field(description="Base URL of the server, without /v1, e.g. http://127.0.0.1:8000.")
-    name: str | None = Field(default=None, description="Label in logs and metrics; defaults to host:port.")
-    api_key_env: str | None = Field(default=None, description="Env var with this instance's own key.")
-    weight: float = Field(default=1.0, gt=0, description="Speed prior relative to the others (learned).")
-    role: Role = Field(default="any", description="any, long (long inputs only) or short (short only).")
-    max_queue: int | None = Field(default=None, ge=1, description="Overrides max_queue_per_instance.")
-    scheduling_policy: SchedulingPolicy = Field(default="fcfs", description="Its --scheduling-policy.")
-    kv_events: str | None = Field(
-        default=None,
-        description="ZMQ endpoint of its KV-cache events, as in its --kv-events-config; precise "
-        "prefix-cache dispatch. vLLM binds a wildcard (tcp://*:5557, the default), [::] or ipc "
-        "endpoint, and the gateway connects (to a wildcard's port on this instance's url host); "
-        "vLLM connects to any other, which the gateway binds (not 0.0.0.0: give an address). "
-        "Data parallel: rank 0 only.",
-    )
-    kv_events_replay: str | None = Field(
-        default=None,
-        description="Its KV events' replay endpoint (replay_endpoint), to recover lost events; vLLM "
-        "binds it, the gateway connects (to a wildcard's port on this instance's url host).",
-    )
-
-    @field_validator("kv_events", "kv_events_replay")
-    @classmethod
-    def _zmq_endpoint(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return v
-        if not v.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"{v!r}: a ZMQ endpoint, e.g. tcp://*:5557 or tcp://10.0.0.2:5557")
-        # ([::] has "::": vLLM binds it, as the replay endpoint always, and the gateway connects.)
-        if info.field_name == "kv_events" and v.startswith("tcp://0.0.0.0:"):
-            raise ValueError(
-                f"{v!r}: vLLM would connect to it and the gateway bind it on every interface, where "
-                "anyone could inject cache events; give this gateway's address (vLLM connects "
-                "there), or tcp://*:PORT (vLLM binds, the gateway connects to the instance's host)"
-            )
-        return v
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        v = check_base_url(v, "instance url")
-        return v.removesuffix("/v1")
-
-    @property
-    def label(self) -> str:
-        return instance_label(self.url, self.name)
-
-
-class DiscoverySettings(Section):
-    """``[discovery]``: instances from a DNS name (e.g. a Kubernetes headless Service), re-resolved."""
-
-    dns: str | None = Field(default=None, description="Name whose A/AAAA records are the instances.")
-    port: int = Field(default=8000, ge=1, le=65535, description="vLLM port on every discovered address.")
-    scheme: Literal["http", "https"] = Field(default="http", description="Scheme of discovered instances.")
-    interval: float = Field(default=10.0, gt=0, description="Seconds between re-resolutions.")
-    role: Role = Field(default="any", description="Role of discovered instances.")
-    api_key_env: str | None = Field(default=None, description="Env var with the instances' own key.")
-
-    @field_validator("dns")
-    @classmethod
-    def _dns(cls, v: str | None) -> str | None:
-        if v is not None and (not v.strip() or any(c in v for c in "/ ?#@:")):
-            raise ValueError(
-                f"[discovery] dns = {v!r}: give a bare host name (port and scheme are separate keys), "
-                "e.g. vllm-headless.default.svc.cluster.local"
-            )
         return v
 
 

@@ -25,7 +25,8 @@ from taogate.app import serve_gateway
 from taogate.cli import app
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
-from taogate.settings import Settings, instance_label
+from taogate.instance_settings import instance_label
+from taogate.settings import Settings
 from tests.conftest import KEY
 
 TAOGATE = Path(sys.executable).with_name("taogate")

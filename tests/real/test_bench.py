@@ -15,7 +15,7 @@ from rich.console import Console
 
 from taogate.bench.compare import run_compare
 from taogate.bench.workloads import RequestSpec, Workload
-from taogate.settings import instance_label
+from taogate.instance_settings import instance_label
 from tests.real.conftest import Pair, Say
 from tests.real.gateway import engine_metrics, unique_prompt
 from tests.real.server import SERVED_MODEL

@@ -11,7 +11,7 @@ from rich.console import Console
 from taogate.bench.demo import DEMO_SCENARIOS, Answer, rule_line
 from taogate.bench.notes import held_logs
 from taogate.bench.report import instance_labels
-from taogate.settings import instance_label
+from taogate.instance_settings import instance_label
 
 
 def test_an_instance_is_its_name_else_host_port() -> None:

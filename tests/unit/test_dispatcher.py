@@ -14,7 +14,8 @@ from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet, specs_from_settings
-from taogate.settings import InstanceSettings, Settings
+from taogate.instance_settings import InstanceSettings
+from taogate.settings import Settings
 
 FACTS = RequestFacts(model=None, prompt_tokens=10, long=False)
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from taogate.control.kv_events import _decode, replay_endpoint, require_precise, subscriber_endpoint
-from taogate.settings import ConfigError, InstanceSettings, Settings
+from taogate.instance_settings import InstanceSettings
+from taogate.settings import ConfigError, Settings
 
 
 def test_a_wildcard_is_reached_on_the_instance_host() -> None:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from taogate.bench.runner import Sample
-from taogate.settings import instance_label
+from taogate.instance_settings import instance_label
 
 __all__ = [
     "IMBALANCE_RATIO",

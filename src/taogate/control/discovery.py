@@ -14,7 +14,8 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 
 from taogate.fleet.instance import InstanceSpec
-from taogate.settings import DiscoverySettings, Settings
+from taogate.instance_settings import DiscoverySettings
+from taogate.settings import Settings
 
 __all__ = ["Discovery", "Resolver", "discovered_specs", "system_resolver"]
 

@@ -17,7 +17,8 @@ from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView
 from taogate.fleet.engine import stale_after
 from taogate.fleet.instance import Instance, InstanceSpec
-from taogate.settings import ConfigError, InstanceSettings, Settings
+from taogate.instance_settings import InstanceSettings
+from taogate.settings import ConfigError, Settings
 
 log = logging.getLogger("taogate.fleet")
 

@@ -10,13 +10,11 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from taogate.sections import Section
 
 __all__ = ["UNIFIED_KEY", "KeyList", "KeySettings", "LimitsSettings"]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 #: The unified key's name in the key table, metrics and logs: no named key may take it.
