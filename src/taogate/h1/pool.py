@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import re
 import socket
 import ssl
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 
-from httpx import ConnectError, ConnectTimeout, PoolTimeout, RemoteProtocolError
-
-from .connection import Connection, Response
+from .connection import Connection
+from .errors import ConnectError, ConnectTimeout, InvalidRequest, PoolTimeout, RemoteProtocolError
 from .origin import Origin
+from .response import Response
 
 __all__ = ["Pool"]
 
@@ -73,45 +75,70 @@ class Pool:
         origin: Origin,
         path: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        body: bytes | AsyncIterable[bytes],
         method: bytes = b"POST",
     ) -> Response:
-        """Send ``body`` to ``origin`` + ``path``; returns once the status and headers are in."""
-        parts = [method, b" ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
-        for k, v in headers:
-            parts += (k, b": ", v, b"\r\n")
-        if origin.basic_auth is not None and not any(k == b"authorization" for k, _ in headers):
-            parts += (b"authorization: ", origin.basic_auth, b"\r\n")
-        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n")
-        head = b"".join(parts)
-        for attempt in (1, 2):
+        """Send ``body`` to ``origin`` + ``path``; returns once the status and headers are in.
+
+        A body that is not ``bytes`` is sent as it arrives (chunked, unless ``headers`` give its
+        length), on a connection of its own choosing, never sent twice."""
+        if not isinstance(body, bytes):
+            return await self._stream(origin, path, headers, body, method)
+        head = _head(method, origin, path, headers, b"content-length: %d\r\n\r\n" % len(body))
+        retried = False
+        while True:
             # The common case, a warm idle connection, without another coroutine.
             idle = None if self._closed else self._pop_idle(origin, asyncio.get_running_loop().time())
             conn, reused = (idle, True) if idle is not None else await self._acquire(origin)
             r = conn.send(head, body)
             try:
                 while not r.headers_done:
-                    if r._error is not None:
-                        raise r._error
+                    if r._failure is not None:
+                        raise r.failure()
                     await r._wait()
             except RemoteProtocolError:
                 r.close()
-                if attempt == 1 and reused and not r.received:
-                    continue  # the server closed this idle connection as we sent: once more, fresh
-                raise
+                if retried or not reused or r.received:
+                    raise
+                retried = True  # the server closed this idle connection as we sent: once more, fresh
+                continue
             except BaseException:
                 r.close()
                 raise
             return r
-        raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _acquire(self, origin: Origin) -> tuple[Connection, bool]:
+    async def _stream(
+        self,
+        origin: Origin,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: AsyncIterable[bytes],
+        method: bytes,
+    ) -> Response:
+        sized = any(k.lower() == b"content-length" for k, _ in headers)
+        head = _head(
+            method, origin, path, headers, b"\r\n" if sized else b"transfer-encoding: chunked\r\n\r\n"
+        )
+        conn, _ = await self._acquire(origin, fresh=True)  # an idle one may be closing as we send
+        r = conn.start(head)
+        try:
+            await conn.write_body(r, body, chunked=not sized)
+            while not r.headers_done:
+                if r._failure is not None:
+                    raise r.failure()
+                await r._wait()
+        except BaseException:
+            r.close()
+            raise
+        return r
+
+    async def _acquire(self, origin: Origin, fresh: bool = False) -> tuple[Connection, bool]:
         if self._closed:
             raise ConnectError("the upstream pool is closed")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.pool_timeout
         while True:
-            conn = self._pop_idle(origin, loop.time())
+            conn = None if fresh else self._pop_idle(origin, loop.time())
             if conn is not None:
                 return conn, True
             if self._open < self.limit or self._evict_idle():
@@ -258,3 +285,43 @@ class Pool:
                 waiter.future.set_result(None)
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports report their loss
+
+
+#: Bytes no request line or header field may carry: controls (a target: space too). CR and LF are
+#: counted instead, since the head's own line ends are made of them.
+_TARGET_REFUSED = re.compile(rb"[\x00-\x20\x7f]").search
+_FIELD_REFUSED = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]").search
+
+
+def _head(
+    method: bytes, origin: Origin, path: bytes, headers: list[tuple[bytes, bytes]], end: bytes
+) -> bytes:
+    """The request's head, ending with ``end`` (its framing); ``InvalidRequest`` for a target or
+    header field that would split it (CR, LF, NUL, other controls; a space in the target)."""
+    parts = [method, b" ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
+    for k, v in headers:
+        parts += (k, b": ", v, b"\r\n")
+    lines = len(headers) + 2
+    if origin.basic_auth is not None and not any(k == b"authorization" for k, _ in headers):
+        parts += (b"authorization: ", origin.basic_auth, b"\r\n")
+        lines += 1
+    parts.append(end)
+    head = b"".join(parts)
+    lines += end.count(b"\n")
+    if (
+        head.count(b"\n") != lines
+        or head.count(b"\r") != lines
+        or _FIELD_REFUSED(head) is not None
+        or _TARGET_REFUSED(path) is not None
+    ):
+        raise InvalidRequest(_refusal(method, path, headers))
+    return head
+
+
+def _refusal(method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]) -> str:
+    if _TARGET_REFUSED(method + path) is not None:
+        return f"the request target {path[:200]!r} carries a control byte or a space"
+    for k, v in headers:
+        if b"\r" in k + v or b"\n" in k + v or _FIELD_REFUSED(k + v) is not None:
+            return f"the header field {k[:100]!r} carries CR, LF or a control byte"
+    return "the request's head carries CR, LF or a control byte"

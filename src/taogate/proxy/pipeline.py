@@ -26,7 +26,7 @@ from taogate import h1
 from taogate.control.events import FleetEvents
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import ErrorShape, GatewayError, NoInstance, UpstreamError
+from taogate.errors import BadRequest, ErrorShape, GatewayError, NoInstance, UpstreamError
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
@@ -41,14 +41,14 @@ from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
 from taogate.proxy.multipart import ClientLeft
 from taogate.proxy.relay import relay_sse, send_whole
 from taogate.proxy.responses import ResponseIds
-from taogate.proxy.retry import FailureKind, RetryBudget, backoff, classify
+from taogate.proxy.retry import AttemptFailure, Failure, Judgement, Next, RetryBudget, backoff, judge
 from taogate.proxy.routes import Route
 from taogate.proxy.upstream import (
     UPSTREAM_ERRORS,
-    AttemptFailure,
     Upstream,
     UpstreamResponse,
-    translate,
+    failure_of,
+    status_failure,
     upstream_headers,
 )
 from taogate.proxy.usage import usage_of_body
@@ -60,6 +60,14 @@ log = logging.getLogger("taogate.gateway")
 
 #: Seconds a request runs before the gateway starts watching for its client to go away.
 WATCH_AFTER = 0.05
+
+
+@dataclass(slots=True)
+class Attempt:
+    """Which attempt this is, and the instances tried so far (this one's included)."""
+
+    number: int
+    tried: frozenset[str]
 
 
 @dataclass(slots=True)
@@ -267,20 +275,8 @@ class Pipeline:
                 rec.channel_fallback = True
             self.metrics.child(self.metrics.decisions, self.settings.dispatch.strategy, pick.reason).inc()
             tried = exclude | {lease.instance.name}
-
-            def may_retry(tried: frozenset[str] = tried, attempt: int = attempt) -> bool:
-                # Only when another instance could really take it (model, channel, health), or the
-                # instance's own answer would be swapped for a gateway 503.
-                now = self.clock()
-                return (
-                    attempt < retry.max_attempts
-                    and ex.forward.replayable
-                    and self.dispatcher.could_send(ex.facts, tried)
-                    and self.budget.try_spend(now)
-                )
-
             try:
-                await self._attempt(ex, lease, may_retry)
+                await self._attempt(ex, lease, Attempt(attempt, tried))
                 return
             except AttemptFailure as failure:
                 rec.retries += 1
@@ -296,55 +292,57 @@ class Pipeline:
                 lease.release()
             await asyncio.sleep(backoff(attempt, retry.backoff_base, retry.backoff_max, self._rng()))
 
-    def _judge(
-        self,
-        ex: Exchange,
-        inst: Instance,
-        kind: FailureKind,
-        detail: str,
-        *,
-        may_retry: Callable[[], bool],
-        status: int | None = None,
-        malformed: bool = False,
-    ) -> None:
-        """Judge a failed attempt. Raises AttemptFailure when a retry elsewhere is granted; else,
-        for a transport failure, the gateway's own error; for an HTTP status, returns (the
-        instance's answer is relayed as it is). ``malformed``: the instance's answer broke the
-        protocol or a limit, which counts against it even where a closed connection would not."""
-        verdict = classify(kind, status=status)
-        if verdict.instance_fault or malformed:
+    def _room(self, ex: Exchange, at: Attempt) -> bool:
+        """Whether another attempt may follow this one: attempts left, the body can be sent again,
+        another instance could really take it (model, channel, health), the budget has room."""
+        return (
+            at.number < self.settings.dispatch.retry.max_attempts
+            and ex.forward.replayable
+            and self.dispatcher.could_send(ex.facts, at.tried)
+            and self.budget.has_room(self.clock())
+        )
+
+    def _judged(self, ex: Exchange, inst: Instance, failure: Failure, at: Attempt) -> Judgement:
+        """``retry.judge``'s verdict on a failed attempt, with its effects: the instance blamed,
+        the request's error accounted, a retry's budget spent."""
+        verdict = judge(failure, inst.name, self._room(ex, at))
+        if verdict.blame:
             self.events.request_failed(inst)
         ex.rec.error = verdict.reason
-        failure = AttemptFailure(verdict.reason, inst.name, detail)
-        if verdict.retry and may_retry():
-            raise failure
-        if verdict.retry:
+        if verdict.denied:
             self.metrics.retries_denied.labels(verdict.reason).inc()
-        if status is None:
-            raise failure.as_error()
+        if verdict.next is Next.RETRY:
+            self.budget.try_spend(self.clock())
+        return verdict
 
-    async def _attempt(self, ex: Exchange, lease: Lease, may_retry: Callable[[], bool]) -> None:
-        inst = lease.instance
+    async def _send(self, ex: Exchange, inst: Instance, at: Attempt) -> UpstreamResponse:
+        """The request sent to ``inst``: its answer's status and headers, or raises."""
         forward = ex.forward
         headers, body = forward.to(inst.spec)
-        sent_at = self.clock()
         try:
-            response = await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
+            return await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
         except UPSTREAM_ERRORS as exc:
-            malformed = isinstance(exc, h1.MalformedResponse)
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
-            raise AssertionError("unreachable: _judge raises for transport failures") from exc
+            raise self._judged(ex, inst, failure_of(exc), at).exception() from None
+        except h1.InvalidRequest as exc:
+            raise BadRequest(f"The request cannot be forwarded: {exc}.") from None
+
+    async def _attempt(self, ex: Exchange, lease: Lease, at: Attempt) -> None:
+        inst = lease.instance
+        forward = ex.forward
+        sent_at = self.clock()
+        response = await self._send(ex, inst, at)
         try:
             status = response.status_code
             if status >= 400:
-                self._judge(
-                    ex, inst, FailureKind.STATUS, f"HTTP {status}", may_retry=may_retry, status=status
-                )
+                verdict = self._judged(ex, inst, status_failure(status), at)
+                if verdict.next is Next.RETRY:
+                    raise verdict.exception()  # else the instance's answer goes as it is
             complete = True
             if response.header("content-type").startswith("text/event-stream"):
                 complete = await self._relay_stream(ex, lease, response, sent_at)
             else:
-                await self._relay_whole(ex, lease, response, sent_at, may_retry)
+                data = await self._read_whole(ex, inst, response, at)
+                await self._relay_whole(ex, lease, response, data, sent_at)
             if complete:
                 ex.rec.status = status
             if complete and status < 500:
@@ -356,21 +354,15 @@ class Pipeline:
         finally:
             response.close()
 
-    async def _relay_whole(
-        self,
-        ex: Exchange,
-        lease: Lease,
-        response: UpstreamResponse,
-        sent_at: float,
-        may_retry: Callable[[], bool],
-    ) -> None:
-        """Non-stream answers are read whole, so a failure mid-body is still retryable: within
+    async def _read_whole(
+        self, ex: Exchange, inst: Instance, response: UpstreamResponse, at: Attempt
+    ) -> bytes:
+        """A non-stream answer read whole, so a failure mid-body is still retryable: within
         ``max_response_bytes`` and ``request_timeout``. An answer over the size is refused without
         blaming the instance (an operator's limit, which the next instance would meet too)."""
-        inst = lease.instance
         cfg = self.settings.gateway
         try:
-            data = await response.aread(cfg.max_response_bytes, cfg.request_timeout)
+            return await response.aread(cfg.max_response_bytes, cfg.request_timeout)
         except h1.ResponseTooLarge as exc:
             log.warning(
                 "request %s: instance %s answered more than %d bytes", ex.rec.request_id, inst.name, exc.limit
@@ -380,9 +372,12 @@ class Pipeline:
                 code="upstream_response_too_large",
             ) from None
         except UPSTREAM_ERRORS as exc:
-            malformed = isinstance(exc, h1.MalformedResponse)
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
-            raise AssertionError("unreachable: _judge raises for transport failures") from exc
+            raise self._judged(ex, inst, failure_of(exc), at).exception() from None
+
+    async def _relay_whole(
+        self, ex: Exchange, lease: Lease, response: UpstreamResponse, data: bytes, sent_at: float
+    ) -> None:
+        inst = lease.instance
         lease.first_token()
         now = self.clock()
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook
