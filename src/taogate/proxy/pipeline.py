@@ -63,14 +63,6 @@ WATCH_AFTER = 0.05
 
 
 @dataclass(slots=True)
-class Attempt:
-    """Which attempt this is, and the instances tried so far (this one's included)."""
-
-    number: int
-    tried: frozenset[str]
-
-
-@dataclass(slots=True)
 class Exchange:
     """One proxied request as it moves through the pipeline."""
 
@@ -82,6 +74,8 @@ class Exchange:
     send: Send
     rec: RequestRecord
     exclude: frozenset[str] = frozenset()  # never these (a stored response lives elsewhere)
+    attempt: int = 0  # which attempt this is (1 = the first)
+    tried: frozenset[str] = frozenset()  # the instances tried so far, this attempt's included
     started: bool = False  # a response has begun downstream: no more retries, no error JSON
     finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
 
@@ -274,9 +268,9 @@ class Pipeline:
             if pick.channel_fallback:
                 rec.channel_fallback = True
             self.metrics.child(self.metrics.decisions, self.settings.dispatch.strategy, pick.reason).inc()
-            tried = exclude | {lease.instance.name}
+            ex.attempt, ex.tried = attempt, exclude | {lease.instance.name}
             try:
-                await self._attempt(ex, lease, Attempt(attempt, tried))
+                await self._attempt(ex, lease)
                 return
             except AttemptFailure as failure:
                 rec.retries += 1
@@ -287,25 +281,25 @@ class Pipeline:
                     failure.detail,
                     failure.instance,
                 )
-                exclude = tried
+                exclude = ex.tried
             finally:
                 lease.release()
             await asyncio.sleep(backoff(attempt, retry.backoff_base, retry.backoff_max, self._rng()))
 
-    def _room(self, ex: Exchange, at: Attempt) -> bool:
+    def _room(self, ex: Exchange) -> bool:
         """Whether another attempt may follow this one: attempts left, the body can be sent again,
         another instance could really take it (model, channel, health), the budget has room."""
         return (
-            at.number < self.settings.dispatch.retry.max_attempts
+            ex.attempt < self.settings.dispatch.retry.max_attempts
             and ex.forward.replayable
-            and self.dispatcher.could_send(ex.facts, at.tried)
+            and self.dispatcher.could_send(ex.facts, ex.tried)
             and self.budget.has_room(self.clock())
         )
 
-    def _judged(self, ex: Exchange, inst: Instance, failure: Failure, at: Attempt) -> Judgement:
+    def _judged(self, ex: Exchange, inst: Instance, failure: Failure) -> Judgement:
         """``retry.judge``'s verdict on a failed attempt, with its effects: the instance blamed,
         the request's error accounted, a retry's budget spent."""
-        verdict = judge(failure, inst.name, self._room(ex, at))
+        verdict = judge(failure, inst.name, self._room(ex))
         if verdict.blame:
             self.events.request_failed(inst)
         ex.rec.error = verdict.reason
@@ -315,34 +309,30 @@ class Pipeline:
             self.budget.try_spend(self.clock())
         return verdict
 
-    async def _send(self, ex: Exchange, inst: Instance, at: Attempt) -> UpstreamResponse:
-        """The request sent to ``inst``: its answer's status and headers, or raises."""
-        forward = ex.forward
-        headers, body = forward.to(inst.spec)
-        try:
-            return await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
-        except UPSTREAM_ERRORS as exc:
-            raise self._judged(ex, inst, failure_of(exc), at).exception() from None
-        except h1.InvalidRequest as exc:
-            raise BadRequest(f"The request cannot be forwarded: {exc}.") from None
-
-    async def _attempt(self, ex: Exchange, lease: Lease, at: Attempt) -> None:
+    async def _attempt(self, ex: Exchange, lease: Lease) -> None:
+        """One attempt, in steps that each return or raise: the request sent (its answer's head),
+        its status judged, its body relayed."""
         inst = lease.instance
         forward = ex.forward
+        headers, body = forward.to(inst.spec)
         sent_at = self.clock()
-        response = await self._send(ex, inst, at)
+        try:
+            response = await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
+        except UPSTREAM_ERRORS as exc:
+            raise self._judged(ex, inst, failure_of(exc)).exception() from None
+        except h1.InvalidRequest as exc:
+            raise BadRequest(f"The request cannot be forwarded: {exc}.") from None
         try:
             status = response.status_code
             if status >= 400:
-                verdict = self._judged(ex, inst, status_failure(status), at)
+                verdict = self._judged(ex, inst, status_failure(status))
                 if verdict.next is Next.RETRY:
                     raise verdict.exception()  # else the instance's answer goes as it is
             complete = True
             if response.header("content-type").startswith("text/event-stream"):
                 complete = await self._relay_stream(ex, lease, response, sent_at)
             else:
-                data = await self._read_whole(ex, inst, response, at)
-                await self._relay_whole(ex, lease, response, data, sent_at)
+                await self._relay_whole(ex, lease, response, sent_at)
             if complete:
                 ex.rec.status = status
             if complete and status < 500:
@@ -354,15 +344,16 @@ class Pipeline:
         finally:
             response.close()
 
-    async def _read_whole(
-        self, ex: Exchange, inst: Instance, response: UpstreamResponse, at: Attempt
-    ) -> bytes:
-        """A non-stream answer read whole, so a failure mid-body is still retryable: within
+    async def _relay_whole(
+        self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
+    ) -> None:
+        """Non-stream answers are read whole, so a failure mid-body is still retryable: within
         ``max_response_bytes`` and ``request_timeout``. An answer over the size is refused without
         blaming the instance (an operator's limit, which the next instance would meet too)."""
+        inst = lease.instance
         cfg = self.settings.gateway
         try:
-            return await response.aread(cfg.max_response_bytes, cfg.request_timeout)
+            data = await response.aread(cfg.max_response_bytes, cfg.request_timeout)
         except h1.ResponseTooLarge as exc:
             log.warning(
                 "request %s: instance %s answered more than %d bytes", ex.rec.request_id, inst.name, exc.limit
@@ -372,12 +363,7 @@ class Pipeline:
                 code="upstream_response_too_large",
             ) from None
         except UPSTREAM_ERRORS as exc:
-            raise self._judged(ex, inst, failure_of(exc), at).exception() from None
-
-    async def _relay_whole(
-        self, ex: Exchange, lease: Lease, response: UpstreamResponse, data: bytes, sent_at: float
-    ) -> None:
-        inst = lease.instance
+            raise self._judged(ex, inst, failure_of(exc)).exception() from None
         lease.first_token()
         now = self.clock()
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook
