@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -208,7 +209,7 @@ async def test_a_reused_connection_times_out_on_its_own_silence_and_a_lowered_ti
         answered = 0
         p = pool(read_timeout=30.0)
         assert await (await p.request(s.origin, b"/", [], b"")).aread() == b"{}"
-        p.read_timeout = 0.2  # reloaded
+        p.limits = dataclasses.replace(p.limits, read_timeout=0.2)  # reloaded
         assert await (await p.request(s.origin, b"/", [], b"")).aread() == b"{}"
         started = loop.time()
         with pytest.raises(h1.ReadTimeout):
@@ -370,4 +371,23 @@ async def test_flow_control_pauses_reading_for_a_slow_consumer() -> None:
         await asyncio.sleep(0.2)
         assert r._buffered < size  # reading paused instead of buffering the whole body
         assert len(await r.aread()) == size
+        await p.aclose()
+
+
+async def test_header_names_come_in_lower_case_once() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Mixed-Case: A\r\nContent-Length: 2\r\n\r\n{}"
+        )
+
+    async with script(handler) as s:
+        p = pool()
+        r = await p.request(s.origin, b"/", [], b"")
+        assert r.raw_headers == [
+            (b"content-type", b"application/json"),
+            (b"x-mixed-case", b"A"),
+            (b"content-length", b"2"),
+        ]
+        assert r.header("X-Mixed-Case") == "A" and await r.aread() == b"{}"
         await p.aclose()

@@ -134,14 +134,17 @@ def test_budget_window_slides() -> None:
     assert b.counts(100.0) == (0, 0)
 
 
-def test_budget_ratio_can_be_reloaded() -> None:
-    b = RetryBudget(ratio=0.0, min_per_window=0, window=10.0)
-    b.record_request(0.0)
-    assert not b.try_spend(0.0)
-    b.ratio = 1.0
-    assert b.ratio == 1.0 and b.try_spend(0.0)
+def test_a_reloaded_budget_has_its_own_ratio_over_the_same_window() -> None:
+    old = RetryBudget(ratio=0.0, min_per_window=0, window=10.0)
+    old.record_request(0.0)
+    assert not old.try_spend(0.0)
+    new = old.reloaded(1.0)
+    assert new.ratio == 1.0 and old.ratio == 0.0
+    assert new.counts(0.0) == (1, 0) and new.try_spend(0.0)
+    old.record_request(0.5)  # a request still in flight under the old config counts for both
+    assert old.counts(0.5) == new.counts(0.5) == (2, 1)
     with pytest.raises(ValueError):
-        b.ratio = -0.5
+        old.reloaded(-0.5)
 
 
 def test_budget_rejects_bad_config() -> None:

@@ -45,6 +45,7 @@ from .errors import (
     WriteError,
     WriteTimeout,
 )
+from .limits import Limits
 from .origin import Origin
 from .pool import Pool
 from .response import Response
@@ -54,6 +55,7 @@ __all__ = [
     "ConnectTimeout",
     "H1Error",
     "InvalidRequest",
+    "Limits",
     "MalformedResponse",
     "NetworkError",
     "Origin",

@@ -17,6 +17,7 @@ from typing import Final, Protocol, cast
 import httptools
 
 from .errors import MalformedResponse, ReadTimeout, RemoteProtocolError, WriteError, WriteTimeout
+from .limits import Limits
 from .origin import Origin
 from .response import HIGH_WATER, Response
 
@@ -33,13 +34,7 @@ class Owner(Protocol):
     """What a connection needs from its pool."""
 
     @property
-    def read_timeout(self) -> float | None: ...
-
-    @property
-    def max_header_bytes(self) -> int: ...
-
-    @property
-    def max_headers(self) -> int: ...
+    def limits(self) -> Limits: ...
 
     def _release(self, conn: Connection) -> None: ...
 
@@ -103,7 +98,7 @@ class Connection(asyncio.Protocol):
             self._stalled = 0
             return
         self._stalled += len(data)  # a head (or trailers) that has not ended yet
-        limit = self.pool.max_header_bytes
+        limit = self.pool.limits.max_header_bytes
         if self._stalled > limit:
             self._refuse(r, f"sent a response head over {limit} bytes")
 
@@ -151,9 +146,9 @@ class Connection(asyncio.Protocol):
         if self._extra or r.headers_done:
             return  # an extra reply's, or a trailer field (never merged into the headers)
         self._fields += 1
-        if self._fields > self.pool.max_headers:
-            raise _Refused(f"sent more than {self.pool.max_headers} response header fields")
-        r.raw_headers.append((name, value))
+        if self._fields > self.pool.limits.max_headers:
+            raise _Refused(f"sent more than {self.pool.limits.max_headers} response header fields")
+        r.raw_headers.append((name.lower(), value))  # once here, not at each look-up
 
     def on_headers_complete(self) -> None:
         r = self.response
@@ -213,7 +208,10 @@ class Connection(asyncio.Protocol):
         r = Response(self)
         self.response = r
         self._interims = 0
-        self.body_sent()
+        self.last_read = now = self.loop.time()
+        timeout = self.pool.limits.read_timeout
+        if timeout is not None:  # the head in all, not only between reads: a trickle ends too
+            r.deadline = now + timeout
         if len(body) < 65536:  # one write; a large body is not copied to be joined
             self.transport.write(head + body)
         else:
@@ -225,7 +223,7 @@ class Connection(asyncio.Protocol):
         """The request is all sent: the answer's head is due within the read timeout, in all (not
         only between reads: a trickle ends too)."""
         self.last_read = now = self.loop.time()
-        timeout = self.pool.read_timeout
+        timeout = self.pool.limits.read_timeout
         r = self.response
         if timeout is not None and r is not None:
             r.deadline = now + timeout
@@ -267,7 +265,7 @@ class Connection(asyncio.Protocol):
 
     async def _drain(self) -> None:
         fut = self._writable
-        timeout = self.pool.read_timeout
+        timeout = self.pool.limits.read_timeout
         if fut is None:
             return
         try:
@@ -283,8 +281,9 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def arm_timer(self) -> None:
-        if self._timer is None and self.pool.read_timeout is not None:
-            at = self.loop.time() + self.pool.read_timeout
+        timeout = self.pool.limits.read_timeout
+        if self._timer is None and timeout is not None:
+            at = self.loop.time() + timeout
             r = self.response
             if r is not None and r.deadline is not None and r.deadline < at:
                 at = r.deadline
@@ -300,7 +299,7 @@ class Connection(asyncio.Protocol):
         client downstream) is not the instance's silence."""
         self._timer = None
         r = self.response
-        timeout = self.pool.read_timeout
+        timeout = self.pool.limits.read_timeout
         if r is None or r.complete or r._failure is not None or timeout is None:
             return
         now = self.loop.time()
@@ -348,7 +347,6 @@ class Connection(asyncio.Protocol):
 def _framed(r: Response) -> bool:
     """Whether the reply says where its body ends (else the end of the connection does)."""
     for k, v in r.raw_headers:
-        lk = k.lower()
-        if lk == b"content-length" or (lk == b"transfer-encoding" and b"chunked" in v.lower()):
+        if k == b"content-length" or (k == b"transfer-encoding" and b"chunked" in v.lower()):
             return True
     return False

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .connection import Connection
 from .errors import ConnectError, ConnectTimeout, InvalidRequest, PoolTimeout, RemoteProtocolError
+from .limits import Limits
 from .origin import Origin
 from .response import Response
 
@@ -48,12 +49,8 @@ class Pool:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         self.limit = limit
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.pool_timeout = pool_timeout
+        self.limits = Limits(connect_timeout, read_timeout, pool_timeout, max_header_bytes, max_headers)
         self.keepalive = keepalive
-        self.max_header_bytes = max_header_bytes  # a reply's head, over it: RemoteProtocolError
-        self.max_headers = max_headers
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._open = 0
@@ -135,7 +132,7 @@ class Pool:
         if self._closed:
             raise ConnectError("the upstream pool is closed")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.pool_timeout
+        deadline = loop.time() + self.limits.pool_timeout
         while True:
             conn = None if fresh else self._pop_idle(origin, loop.time())
             if conn is not None:
@@ -159,7 +156,7 @@ class Pool:
                 return handed, True
 
     def _pool_timeout_message(self) -> str:
-        return f"no free connection within {self.pool_timeout:g}s (all {self.limit} in use)"
+        return f"no free connection within {self.limits.pool_timeout:g}s (all {self.limit} in use)"
 
     def _abandon(self, waiter: _Waiter) -> None:
         """A waiter leaves (timeout, cancelled): what was handed to it at that moment passes on."""
@@ -209,7 +206,7 @@ class Pool:
         if tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(self.limits.connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Connection(self, origin),
                     origin.host,
@@ -220,7 +217,7 @@ class Pool:
         except TimeoutError:
             self._slot_freed()
             raise ConnectTimeout(
-                f"no connection to {origin.host}:{origin.port} within {self.connect_timeout:g}s"
+                f"no connection to {origin.host}:{origin.port} within {self.limits.connect_timeout:g}s"
             ) from None
         except (OSError, ssl.SSLError) as exc:
             self._slot_freed()

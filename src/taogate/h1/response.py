@@ -66,7 +66,7 @@ class Response:
     def __init__(self, conn: Feed) -> None:
         self._conn: Feed | None = conn
         self.status_code = 0
-        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.raw_headers: list[tuple[bytes, bytes]] = []  # as sent, but names in lower case
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
@@ -83,7 +83,7 @@ class Response:
         """The first value of header ``name`` (case-insensitive), or ''."""
         want = name.lower().encode()
         for k, v in self.raw_headers:
-            if k.lower() == want:
+            if k == want:
                 return v.decode("latin-1")
         return ""
 

@@ -80,8 +80,23 @@ class Exchange:
     finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
 
 
+class InFlight:
+    """The requests being served, whichever config's pipeline serves them (a reload builds a new
+    pipeline and carries this over), and whether new ones are still taken."""
+
+    __slots__ = ("accepting", "count", "idle")
+
+    def __init__(self) -> None:
+        self.accepting = True
+        self.count = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+
 class Pipeline:
-    """Serves proxied requests; ``configure`` takes a reloaded config, ``drain`` ends the service."""
+    """Serves proxied requests under one config (a reload builds another: the gateway's ``Parts``);
+    ``drain`` ends the service. ``responses`` and ``inflight`` are carried from config to config.
+    """
 
     def __init__(
         self,
@@ -98,6 +113,8 @@ class Pipeline:
         dropped: DroppedResponses,
         clock: Callable[[], float],
         rng: Callable[[], float],
+        responses: ResponseIds,
+        inflight: InFlight,
     ) -> None:
         self.settings = settings
         self.keys = keys
@@ -111,32 +128,28 @@ class Pipeline:
         self.dropped = dropped
         self.clock = clock
         self._rng = rng
-        self.responses = ResponseIds(clock)
+        self.responses = responses
+        self.inflight = inflight
         self._prefix = settings.gateway.prefix  # a property that parses base_url: read once
-        self.accepting = True
-        self._active = 0  # requests being handled (for graceful shutdown)
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     @property
     def in_flight(self) -> int:
-        """Requests being handled here now, queued ones included."""
-        return self._active
+        """Requests being handled now, queued ones included (under any config)."""
+        return self.inflight.count
 
-    def configure(self, settings: Settings, keys: KeyCheck) -> None:
-        self.settings = settings
-        self.keys = keys
-        self._prefix = settings.gateway.prefix
-        self.intake.configure(settings)
+    @property
+    def accepting(self) -> bool:
+        return self.inflight.accepting
 
     async def drain(self, grace: float) -> None:
         """Stop taking work; give the requests in flight ``grace`` seconds to finish."""
-        self.accepting = False
+        inflight = self.inflight
+        inflight.accepting = False
         self.dispatcher.fail_all(NoInstance("The gateway is shutting down.", retry_after=1))
-        if self._active:
-            log.info("stopping: %d requests in flight get %gs to finish", self._active, grace)
+        if inflight.count:
+            log.info("stopping: %d requests in flight get %gs to finish", inflight.count, grace)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace)
+                await asyncio.wait_for(inflight.idle.wait(), grace)
 
     async def handle(self, route: Route, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """Serve one proxied request end to end; every exit path is accounted and logged once."""
@@ -145,10 +158,11 @@ class Pipeline:
         rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
         ex: Exchange | None = None
         read = False  # the body is in: an error before that closes the connection
-        self._active += 1
-        self._idle.clear()
+        inflight = self.inflight
+        inflight.count += 1
+        inflight.idle.clear()
         try:
-            if not self.accepting:
+            if not inflight.accepting:
                 raise NoInstance("The gateway is shutting down.", retry_after=1)
             try:
                 self.keys.check_request(headers, either=route.anthropic)
@@ -195,9 +209,9 @@ class Pipeline:
                 )
                 await _send_error(send, route.errors, error, rid, close=not read)
         finally:
-            self._active -= 1
-            if not self._active:
-                self._idle.set()
+            inflight.count -= 1
+            if not inflight.count:
+                inflight.idle.set()
             self.accounting.record(rec)
 
     async def _serve_watching_disconnect(self, ex: Exchange, receive: Receive) -> None:

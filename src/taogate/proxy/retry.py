@@ -222,12 +222,12 @@ class RetryBudget:
     def ratio(self) -> float:
         return self._ratio
 
-    @ratio.setter
-    def ratio(self, value: float) -> None:
-        """Settable for config reloads; counts in the window carry over."""
-        if value < 0:
-            raise ValueError("ratio must be >= 0")
-        self._ratio = value
+    def reloaded(self, ratio: float) -> RetryBudget:
+        """A budget at ``ratio`` over this one's window: the counts are shared, not copied, so the
+        requests still in flight under the old config count in the same window as the new ones."""
+        new = RetryBudget(ratio, self._min, self._width * len(self._idx), len(self._idx))
+        new._idx, new._requests, new._retries = self._idx, self._requests, self._retries
+        return new
 
     def record_request(self, now: float) -> None:
         self._requests[self._slot(now)] += 1

@@ -75,31 +75,45 @@ _OURS = b"x-taogate-"
 UpstreamResponse = h1.Response
 
 
+def hop_limits(cfg: GatewaySettings) -> h1.Limits:
+    """What a config tells the pool: its timeouts and the bounds on an instance's reply head."""
+    return h1.Limits(
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.request_timeout,
+        pool_timeout=cfg.request_timeout,
+        max_header_bytes=cfg.max_response_header_bytes,
+        max_headers=cfg.max_response_headers,
+    )
+
+
 class Upstream:
-    """Owns the pool to the instances; ``send`` is one attempt's request."""
+    """Owns the pool to the instances (its size fixed for the process's life); ``send`` is one
+    attempt's request."""
 
     def __init__(self, cfg: GatewaySettings) -> None:
+        limits = hop_limits(cfg)
         # vLLM's server (uvicorn) closes a connection idle for 5 s; reusing one it is closing right
         # then fails the request, so ours give up idle connections well before (a busy loop sees the
         # end of a response late, so "idle since" is late too).
         self.pool = h1.Pool(
             cfg.max_connections,
-            connect_timeout=cfg.connect_timeout,
-            read_timeout=cfg.request_timeout,
-            pool_timeout=cfg.request_timeout,
+            connect_timeout=limits.connect_timeout,
+            read_timeout=limits.read_timeout,
+            pool_timeout=limits.pool_timeout,
             keepalive=2.5,
-            max_header_bytes=cfg.max_response_header_bytes,
-            max_headers=cfg.max_response_headers,
+            max_header_bytes=limits.max_header_bytes,
+            max_headers=limits.max_headers,
         )
         self._origins: dict[str, h1.Origin] = {}
 
-    def configure(self, cfg: GatewaySettings) -> None:
-        """Timeouts follow a reload; the pool size is fixed for the process's life."""
-        self.pool.connect_timeout = cfg.connect_timeout
-        self.pool.read_timeout = cfg.request_timeout
-        self.pool.pool_timeout = cfg.request_timeout
-        self.pool.max_header_bytes = cfg.max_response_header_bytes
-        self.pool.max_headers = cfg.max_response_headers
+    @property
+    def limits(self) -> h1.Limits:
+        return self.pool.limits
+
+    @limits.setter
+    def limits(self, limits: h1.Limits) -> None:
+        """A reloaded config's, for the requests from now on (the open connections stay)."""
+        self.pool.limits = limits
 
     def send(
         self,
@@ -150,12 +164,12 @@ def status_failure(status: int) -> Failure:
 UPSTREAM_ERRORS = h1.TransportError
 
 
-def _nominated(headers: Sequence[tuple[bytes, bytes]], lower: bool) -> frozenset[bytes]:
-    """The header names the ``Connection`` fields list (empty for the usual ``keep-alive``/``close``,
-    which are dropped anyway)."""
+def _nominated(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names (lower case) the ``Connection`` fields list (empty for the usual
+    ``keep-alive``/``close``, which are dropped anyway)."""
     names: set[bytes] = set()
     for k, v in headers:
-        if (k.lower() if lower else k) == b"connection":
+        if k == b"connection":
             names.update(t for token in v.split(b",") if (t := token.strip().lower()))
     return frozenset(names - HOP_BY_HOP - {b"close"})
 
@@ -172,7 +186,7 @@ def upstream_headers(
     The instance's own key (if any) is added per attempt, since a retry may go elsewhere.
     """
     drop = _DROP_UP
-    nominated = _nominated(client_headers, lower=False)  # ASGI names are lower-case already
+    nominated = _nominated(client_headers)  # ASGI names are lower-case already
     if nominated:
         drop = drop | nominated
     out = [(k, v) for k, v in client_headers if k not in drop and not k.startswith(_OURS)]
@@ -185,14 +199,15 @@ def upstream_headers(
 def downstream_headers(
     raw: Sequence[tuple[bytes, bytes]], *, request_id: bytes, instance: str, drop_load: bool = False
 ) -> list[tuple[bytes, bytes]]:
-    """The instance's response headers minus hop-by-hop and framing (the relay recomputes length),
-    those only the gateway may set, plus the request id and which instance served it. ``drop_load``:
-    the gateway asked for the engine's load report, not the client, who does not see it."""
+    """The instance's response headers (names in lower case, as ``h1`` gives them) minus hop-by-hop
+    and framing (the relay recomputes length), those only the gateway may set, plus the request id
+    and which instance served it. ``drop_load``: the gateway asked for the engine's load report,
+    not the client, who does not see it."""
     drop = _DROP_DOWN_LOAD if drop_load else _DROP_DOWN
-    nominated = _nominated(raw, lower=True)
+    nominated = _nominated(raw)
     if nominated:
         drop = drop | nominated
-    out = [(lk, v) for k, v in raw if (lk := k.lower()) not in drop and not lk.startswith(_OURS)]
+    out = [(k, v) for k, v in raw if k not in drop and not k.startswith(_OURS)]
     out.append((b"x-request-id", request_id))
     out.append((b"x-taogate-instance", instance.encode()))
     return out
