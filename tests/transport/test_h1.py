@@ -377,9 +377,8 @@ async def test_flow_control_pauses_reading_for_a_slow_consumer() -> None:
 async def test_header_names_come_in_lower_case_once() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Mixed-Case: A\r\nContent-Length: 2\r\n\r\n{}"
-        )
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Mixed-Case: A\r\n")
+        writer.write(b"Content-Length: 2\r\n\r\n{}")
 
     async with script(handler) as s:
         p = pool()
