@@ -7,12 +7,14 @@ body is printed beside it: it is what the gateway pays before any of its own wor
 ``[gateway] max_json_items`` refuses bodies of too many values before parsing them.
 
 Run: ``.venv/bin/python benchmarks/hostile.py [--sizes 4 30] [--repeat 3]`` (sizes in MB; with
-``PYTHONPATH`` at another checkout's ``src``, the same shapes against that code).
+``PYTHONPATH`` at another checkout's ``src``, the same shapes against that code). ``--hop``: the
+attacks on the proxied hop instead, against ``taogate serve`` (``hop_attacks.py``, its table).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections.abc import Callable
 from functools import partial
@@ -126,7 +128,13 @@ def main() -> None:
         "--sizes", type=float, nargs="+", default=[4.0, 30.0], help="body sizes in MB (default 4 30)"
     )
     p.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3)")
+    p.add_argument("--hop", action="store_true", help="the attacks on the proxied hop (hop_attacks.py)")
     args = p.parse_args()
+    if args.hop:
+        from hop_attacks import main as hop_attacks
+
+        asyncio.run(hop_attacks())
+        return
     print(f"µs per MB of body (best of {args.repeat})")
     columns = ("orjson parse", "estimate", "prefix key")
     print(f"| {'request body shape':38} | {'MB':>6} | " + " | ".join(f"{c:>12}" for c in columns) + " |")
