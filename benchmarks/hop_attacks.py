@@ -11,21 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import re
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fleetprocs import ROOT, emulators, gateway
 
-sys.path.insert(0, str(ROOT))  # the hostile tests' scripted peers, reused as they are
-from tests.conftest import KEY
-from tests.hostile.helpers import HOSTILE, Neighbour, ScriptedInstance, answer_json
+# The hostile tests' scripted peers, reused as they are (imported by name: the tests are outside
+# what mypy checks, so they come in untyped).
+sys.path.insert(0, str(ROOT))
+_helpers: Any = importlib.import_module("tests.hostile.helpers")
+KEY: str = importlib.import_module("tests.conftest").KEY
+HOSTILE: str = _helpers.HOSTILE
+Neighbour, ScriptedInstance, answer_json = _helpers.Neighbour, _helpers.ScriptedInstance, _helpers.answer_json
+big_then_silent = importlib.import_module("tests.hostile.test_transport").big_then_silent
 
 AUTH = {"authorization": f"Bearer {KEY}"}
 
@@ -42,7 +48,7 @@ class Seen:
 class Attack:
     name: str
     answer: Callable[[socket.socket, bytes, bytes], None]  # the scripted instance's
-    run: Callable[[str, ScriptedInstance, int, Seen], Awaitable[None]]  # (gateway url, it, pid, out)
+    run: Callable[[str, Any, int, Seen], Awaitable[None]]  # (gateway url, it, pid, out)
 
 
 def _rss(pid: int) -> int:
@@ -73,7 +79,7 @@ def _ok(sock: socket.socket, head: bytes, body: bytes) -> None:
     sock.sendall(answer_json())
 
 
-async def _inject(url: str, scripted: ScriptedInstance, pid: int, out: Seen) -> None:
+async def _inject(url: str, scripted: Any, pid: int, out: Seen) -> None:
     async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
         statuses = [(await http.post(url + path)).status_code for path in INJECTED * 10]
     lines = [h.split(b"\r\n", 1)[0] for h in scripted.heads]
@@ -89,19 +95,7 @@ async def _inject(url: str, scripted: ScriptedInstance, pid: int, out: Seen) -> 
 ROUNDS, CONCURRENT, BODY_MIB = 3, 8, 60
 
 
-def _sixty_mib_then_hang_up(sock: socket.socket, head: bytes, body: bytes) -> None:
-    """Chunked JSON, 60 MiB of it, then 2 s of silence, then the connection closes (the gateway's
-    ``request_timeout`` here is 120 s: the same failed read, sooner)."""
-    sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
-    piece = b" " * (1 << 20)
-    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-    sock.sendall(b"1\r\n[\r\n")
-    for _ in range(BODY_MIB):
-        sock.sendall(chunk)
-    time.sleep(2)
-
-
-async def _failed_answers(url: str, scripted: ScriptedInstance, pid: int, out: Seen) -> None:
+async def _failed_answers(url: str, scripted: Any, pid: int, out: Seen) -> None:
     start = _rss(pid)
     body = {"model": HOSTILE, "prompt": "hello", "max_tokens": 2}
     statuses: list[int] = []
@@ -121,14 +115,16 @@ ATTACKS: list[Attack] = [
     Attack("percent-encoded CR LF / NUL / space in a path", _ok, _inject),
     Attack(
         f"{CONCURRENT} answers of {BODY_MIB} MiB that then fail, {ROUNDS} rounds",
-        _sixty_mib_then_hang_up,
+        # 2 s of silence, then the connection closes: ``taogate serve``'s request_timeout here is
+        # 120 s, and a closed connection fails the same read sooner.
+        big_then_silent(BODY_MIB, silence=2.0),
         _failed_answers,
     ),
 ]
 
 
 @contextlib.contextmanager
-def _beside(url: str) -> Iterator[Neighbour]:
+def _beside(url: str) -> Iterator[Any]:
     neighbour = Neighbour(url)
     neighbour.start()
     try:

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import socket
 import threading
+import time
 import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
@@ -125,18 +126,28 @@ CONCURRENT = 8
 ROUNDS = 3
 
 
-def _sixty_mib_then_silence(sock: socket.socket, head: bytes, body: bytes) -> None:
-    """Chunked JSON, 60 MiB of it, then nothing until the gateway hangs up."""
-    sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
-    piece = b" " * (1 << 20)
-    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-    sock.sendall(b"1\r\n[\r\n")
-    for _ in range(BODY_MIB):
-        sock.sendall(chunk)
-    sock.settimeout(60)
-    with contextlib.suppress(OSError):
-        while sock.recv(65536):
-            pass
+def big_then_silent(mib: int, silence: float | None = None) -> Any:
+    """An answer: chunked JSON, ``mib`` MiB of it, then nothing; for ``silence`` seconds and then
+    the connection closes, or (None) until the gateway hangs up."""
+
+    def answer(sock: socket.socket, head: bytes, body: bytes) -> None:
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        piece = b" " * (1 << 20)
+        chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+        sock.sendall(b"1\r\n[\r\n")
+        for _ in range(mib):
+            sock.sendall(chunk)
+        if silence is not None:
+            time.sleep(silence)
+            return
+        sock.settimeout(60)
+        with contextlib.suppress(OSError):
+            while sock.recv(65536):
+                pass
+
+    return answer
 
 
 def _round(url: str) -> list[httpx.Response]:
@@ -164,7 +175,7 @@ async def test_answers_that_fail_after_a_large_body_are_freed_without_a_garbage_
     near where it started after each round; RSS stays under what one round holds at its peak (the
     allocator keeps some freed memory for reuse: ``malloc_trim`` would hand it back)."""
     sections: dict[str, Any] = {"gateway": {"request_timeout": 2, "max_response_bytes": 128 << 20}}
-    async with gateway(_sixty_mib_then_silence, **sections) as (gw, _):
+    async with gateway(big_then_silent(BODY_MIB), **sections) as (gw, _):
         gc.collect()
         before = rss()
         gc.disable()
