@@ -1,7 +1,9 @@
 """The gateway: builds the parts from the settings, starts and stops them, and reloads them.
 
 Built once by ``create_app(settings)``; the ASGI lifespan calls ``start`` and ``stop``. Requests go
-to ``pipeline.handle``. What lives where::
+to ``pipeline.handle``. A config builds its ``Parts`` (the pipeline, the queue's rules, the hop's
+limits, the control plane's timeouts), swapped in whole at one place on a reload; the state that
+outlives a config stays here and is carried into them by name (``_build``). What lives where::
 
     fleet        the instances and their live state        dispatcher  the wait queue and the picks
     pipeline     one request end to end                    upstream    the proxied hop's pool

@@ -1,15 +1,10 @@
-"""HTTP/1.1 to the instances, on asyncio protocols and httptools' parser: the proxied request's hop.
+"""HTTP/1.1 to the instances on asyncio protocols and httptools' parser: the proxied request's hop.
 
-A proxy needs a small slice of an HTTP client: POST a body to a known origin (one it holds, or an
-upload sent as it arrives, with flow control), read a status and headers, relay the body as it
-arrives, reuse the connection. No redirects, cookies, decompression, proxies or multipart; TLS
-comes from asyncio. This slice costs a fraction of a general client's CPU (``benchmarks/overhead.py``).
-
-Per connection, one protocol object parses responses with httptools; a ``Response`` hands the body
-to the relay chunk by chunk with flow control. A response closed before its end aborts the
-connection, so vLLM sees the disconnect and frees the slot; one read to its end goes back to the
-pool. A request on a reused keep-alive connection that the server closed at that moment (nothing
-of a reply came back) is sent again once on a fresh connection. What it raises (``h1.errors``)::
+A proxy's slice of a client: send a body (held, or an upload as it arrives, with flow control) to a
+known origin, read status and headers, relay the body as it arrives, reuse the connection; TLS from
+asyncio. A response closed before its end aborts the connection (vLLM then frees the slot); one
+read to its end goes back to the pool. A request on a kept-alive connection the server closed as
+it was sent (nothing came back) is sent once more on a fresh one. What it raises (``h1.errors``)::
 
     H1Error
     ├── TransportError              the request did not get a whole answer
