@@ -144,6 +144,7 @@ async def one_run(fleet: Fleet, urls: list[str]) -> tuple[Diagnosis, float]:
         model=fleet.model,
         probe_tokens=fleet.probe_tokens,
         max_seconds=MAX_SECONDS,
+        names=[f"i{n}" for n in range(len(urls))],  # the expected verdicts name them so
     )
     return result, time.monotonic() - started
 

@@ -71,9 +71,16 @@ def serve(settings: Settings) -> AbstractAsyncContextManager[RunningGateway]:
 
 @asynccontextmanager
 async def running_gateway(
-    configs: list[EmulatorConfig], **sections: dict[str, Any]
+    configs: list[EmulatorConfig],
+    *,
+    names: Sequence[str] | None = None,
+    roles: Sequence[str] | None = None,
+    **sections: dict[str, Any],
 ) -> AsyncIterator[Running]:
-    async with run_fleet(configs) as fleet, serve(gateway_settings(fleet.urls, **sections)) as g:
+    async with (
+        run_fleet(configs) as fleet,
+        serve(gateway_settings(fleet.urls, roles=roles, names=names, **sections)) as g,
+    ):
         yield Running(g.url, g.key, g.app, fleet)
 
 

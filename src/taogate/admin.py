@@ -2,6 +2,7 @@
 
 GET  /admin/instances               one row per instance, side by side, and the gateway's own side
 GET  /admin/history[?since=T]       the last few minutes, one frame a second (the dashboard's charts)
+GET  /admin/keys                    one row per client key: its limits and what it used here
 POST /admin/instances/{name}/drain  no new work; in-flight requests finish (rolling restarts)
 POST /admin/instances/{name}/undrain
 POST /admin/reload                  re-read the config files; an invalid config is refused
@@ -24,6 +25,7 @@ from taogate.observe.history import History
 from taogate.observe.status import gateway_summary, status_rows
 from taogate.proxy.auth import KeyCheck, header
 from taogate.settings import ConfigError, DispatchSettings
+from taogate.tenancy.limiter import Limiter
 
 log = logging.getLogger("taogate.admin")
 
@@ -40,6 +42,7 @@ def admin_router(
     clock: Callable[[], float],
     history: History,
     dispatch: Callable[[], DispatchSettings],
+    limiter: Limiter,
 ) -> APIRouter:
     def require_admin(request: Request) -> None:
         keys().check_admin(header(request.scope["headers"], b"authorization"))
@@ -52,7 +55,12 @@ def admin_router(
             "queued": dispatcher.queued,
             "gateway": gateway_summary(dispatcher, dispatch(), history),
             "instances": status_rows(fleet, clock()),
+            "keys": limiter.rows(),
         }
+
+    @router.get("/keys")
+    async def keys_usage() -> dict[str, Any]:
+        return {"limits": limiter.summary(), "keys": limiter.rows()}
 
     @router.get("/history")
     async def frames(request: Request) -> dict[str, Any]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,7 +29,7 @@ from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorize
 from taogate.gateway import Gateway
 from taogate.info import info_router
 from taogate.observe.dashboard import dashboard
-from taogate.proxy.auth import header
+from taogate.observe.exposition import Exposition
 from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import Settings
@@ -117,15 +119,18 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         )
 
     async def models(request: Request) -> Response:
-        gateway.keys.check(header(request.scope["headers"], b"authorization"))
+        tenant = gateway.keys.check_request(request.scope["headers"], either=False)
         cards: dict[str, dict[str, Any]] = {}
         for inst in gateway.fleet:
             for mid, card in inst.model_cards.items():
-                cards.setdefault(mid, card)
+                if tenant.models is None or mid in tenant.models:  # a key sees what it may use
+                    cards.setdefault(mid, card)
         return JSONResponse({"object": "list", "data": [cards[k] for k in sorted(cards)]})
 
+    exposition = Exposition(partial(generate_latest, gateway.registry), time.monotonic)  # CPU: real time
+
     async def metrics(_: Request) -> Response:
-        return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition.page(), media_type=CONTENT_TYPE_LATEST)
 
     admin = admin_router(
         gateway.fleet,
@@ -135,6 +140,7 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         clock=gateway.clock,
         history=gateway.history,
         dispatch=lambda: gateway.settings.dispatch,
+        limiter=gateway.limiter,
     )
     info = info_router(
         gateway.fleet,
@@ -197,12 +203,18 @@ def create_app(
         log.warning("%s", warning)
     gateway = Gateway(settings, environ=environ, **gateway_kwargs)
     prefix = settings.gateway.prefix
+    routes = route_table(prefix)
+    return TaogateApp(gateway, _build_api(gateway, prefix), routes, gateway_server_options(settings.gateway))
+
+
+def route_table(prefix: str) -> dict[str, Route]:
+    """The proxied routes by path, under the plain paths and under ``prefix`` (``base_url``'s)."""
     routes: dict[str, Route] = {}
     for route in ROUTES:
         routes[route.path] = route
         if prefix:
             routes[prefix + route.path] = route
-    return TaogateApp(gateway, _build_api(gateway, prefix), routes, gateway_server_options(settings.gateway))
+    return routes
 
 
 @dataclass(frozen=True, slots=True)

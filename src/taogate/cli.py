@@ -14,10 +14,12 @@ from typing import Annotated, Any
 import tomli_w
 import typer
 import uvicorn
+from rich.markup import escape
 
 from taogate import __version__
 from taogate.config_files import load_settings, redacted_dump
 from taogate.control.admin_client import AdminError, admin_call
+from taogate.dispatch.types import STRATEGIES
 from taogate.observe.logs import (
     ACCESS_FLUSH_S,
     ACCESS_LOGGER,
@@ -61,23 +63,50 @@ def _load(config: Path | None, client: Path | None, overrides: dict[str, Any]) -
         raise typer.Exit(2) from None
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         typer.echo(__version__)
         raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        # Eager: it runs while the options are parsed, before a missing command is an error.
+        typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
+    """The root: --version is handled by its callback as it is parsed."""
 
 
 @app.command()
 def serve(
     config: ConfigOpt = None,
     client_settings: ClientOpt = None,
-    host: Annotated[str | None, typer.Option(help="Listen address (overrides [gateway] host).")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (overrides [gateway] port).")] = None,
-    strategy: Annotated[str | None, typer.Option(help="least_busy or round_robin.")] = None,
-    max_queue_per_instance: Annotated[int | None, typer.Option(help="Per-instance cap.")] = None,
+    host: Annotated[
+        str | None, typer.Option(help=escape("Listen address (overrides [gateway] host)."))
+    ] = None,
+    port: Annotated[int | None, typer.Option(help=escape("Listen port (overrides [gateway] port)."))] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help=escape(
+                f"Dispatch strategy (overrides [dispatch] strategy): {', '.join(STRATEGIES)}. least_busy, "
+                "the default, sends each request where its first token should come soonest; the others "
+                "are baselines for A/B."
+            )
+        ),
+    ] = None,
+    max_queue_per_instance: Annotated[
+        int | None,
+        typer.Option(
+            help=escape(
+                "Hard cap on requests outstanding at one instance; past it, requests go elsewhere or wait "
+                "in the gateway's queue (overrides [dispatch] max_queue_per_instance)."
+            )
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway. SIGHUP reloads the config; SIGTERM drains and stops."""
     overrides: dict[str, Any] = {}
@@ -101,7 +130,11 @@ def serve(
         raise typer.Exit(2) from None
     source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(settings, source, access))
+        try:
+            runner.run(_serve(settings, source, access))
+        except ConfigError as exc:  # found while building the gateway (e.g. a [[keys]] env var unset)
+            typer.echo(f"taogate: {exc}", err=True)
+            raise typer.Exit(2) from None
 
 
 async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler | None = None) -> None:
@@ -142,6 +175,68 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
             await asyncio.gather(flusher, return_exceptions=True)
 
 
+@app.command()
+def pick(
+    config: ConfigOpt = None,
+    client_settings: ClientOpt = None,
+    port: Annotated[int, typer.Option(help="gRPC port of the ext_proc service (0: a free one).")] = 9002,
+    http_port: Annotated[int, typer.Option(help="/health, /metrics, admin API, fleet page.")] = 9003,
+    host: Annotated[
+        str | None, typer.Option(help=escape("Listen address (overrides [gateway] host)."))
+    ] = None,
+    key_check: Annotated[
+        bool, typer.Option(help="Check the unified key; --no-key-check where the gateway authenticates.")
+    ] = True,
+) -> None:
+    """Run as the endpoint picker of an inference gateway (Envoy ext_proc). SIGHUP reloads."""
+    try:
+        from taogate.picker.server import RunningPicker, run_picker
+    except ImportError as exc:
+        typer.echo(
+            f"taogate: picker mode needs the picker extra (pip install 'taogate[picker]'): {exc}", err=True
+        )
+        raise typer.Exit(2) from None
+    overrides: dict[str, Any] = {"gateway": {"host": host}} if host is not None else {}
+    cfg_path = _default_config(config)
+    settings = _load(cfg_path, client_settings, overrides)
+    access = setup_logging(settings.gateway.log_level)
+    try:
+        settings.api_key()  # the admin API's key too, with or without the check on requests
+    except ConfigError as exc:
+        typer.echo(f"taogate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
+    sink = (lambda line: access.write_info(ACCESS_LOGGER, line)) if access is not None else None
+
+    def ready(running: RunningPicker) -> None:
+        tune_runtime()
+        typer.echo(f"picker ready grpc {settings.gateway.host}:{running.grpc_port} http {running.http_url}")
+
+    async def run() -> None:
+        flusher = (
+            asyncio.get_running_loop().create_task(flush_every(access, ACCESS_FLUSH_S)) if access else None
+        )
+        try:
+            await run_picker(
+                settings,
+                port=port,
+                http_port=http_port,
+                check_key=key_check,
+                source=source,
+                access_sink=sink,
+                on_ready=ready,
+            )
+        finally:
+            if flusher is not None:
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+            if access is not None:
+                access.flush_now()
+
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(run())
+
+
 @app.command("check-config")
 def check_config(config: ConfigOpt = None, client_settings: ClientOpt = None) -> None:
     """Validate the config and print the effective values as TOML (secrets are never in it)."""
@@ -173,7 +268,10 @@ def init(
 
 
 UrlOpt = Annotated[
-    str | None, typer.Option("--url", help="Gateway URL (default: from [gateway] host and port).")
+    str | None, typer.Option("--url", help=escape("Gateway URL (default: from [gateway] host and port)."))
+]
+NameArg = Annotated[
+    str, typer.Argument(help="Instance name, as status shows it: its configured name, else host:port.")
 ]
 KeyOpt = Annotated[
     str | None, typer.Option("--key", help="Admin key (default: the env var named by the config).")
@@ -244,7 +342,7 @@ def status(
 
 @app.command()
 def drain(
-    name: Annotated[str, typer.Argument(help="Instance name.")],
+    name: NameArg,
     config: ConfigOpt = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
@@ -255,7 +353,7 @@ def drain(
 
 @app.command()
 def undrain(
-    name: Annotated[str, typer.Argument(help="Instance name.")],
+    name: NameArg,
     config: ConfigOpt = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
@@ -284,6 +382,9 @@ def _register_optional_commands() -> None:
     app.command("bench")(bench)
     app.command("diagnose")(diagnose)
     app.command("demo")(demo)
+    from taogate.tenancy.commands import keys_app
+
+    app.add_typer(keys_app, name="keys")
 
 
 _register_optional_commands()

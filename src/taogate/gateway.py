@@ -10,6 +10,7 @@ outlives a config stays here and is carried into them by name (``_build``). What
     probes       health, models, warm-up                   scraper     the engines' own /metrics
     discovery    instances from DNS                        events      state changes, logged once
     history      the last few minutes, for the fleet page
+    limiter      the client keys' limits (tenancy)
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from taogate.observe.access_log import AccessLog
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import SERVER_LOGGER, DroppedResponses
 from taogate.observe.history import HISTORY_INTERVAL, History, sample
-from taogate.observe.metrics import FleetCollector, GatewayMetrics
+from taogate.observe.metrics import FleetCollector, GatewayMetrics, KeysCollector
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.intake import Intake
 from taogate.proxy.pipeline import InFlight, Pipeline
@@ -54,6 +55,9 @@ from taogate.proxy.responses import ResponseIds
 from taogate.proxy.retry import RetryBudget
 from taogate.proxy.upstream import Upstream, hop_limits
 from taogate.settings import ConfigError, Settings
+from taogate.tenancy.keys import KeyTable
+from taogate.tenancy.limiter import Limiter
+from taogate.tenancy.store import RedisStore
 
 log = logging.getLogger("taogate.gateway")
 
@@ -63,6 +67,7 @@ class Parts:
     """What one config builds (``Gateway._build``), swapped in whole by ``Gateway._install``."""
 
     settings: Settings
+    keys: KeyCheck  # the client keys, their limits and weights
     specs: list[InstanceSpec]  # the instances it names, with those discovery found
     rules: QueueRules  # the dispatch policy and the queue's bounds
     hop: h1.Limits  # the proxied hop's timeouts and bounds
@@ -93,6 +98,7 @@ class Gateway:
         # and characters per token, the instances (leases in flight, KV-event indexes, breakers,
         # cache models), the wait queue, the pool's connections, the control plane's client, the
         # response ids clients chose, the requests in flight, the metrics, history and discovery.
+        keys = self._keys(settings)
         # Learned speeds are rebuilt at most every 5 ms: at high request rates, once per response
         # would cost more than the rest of the learning.
         self.speeds = SpeedEstimator(rebuild_every=0.005, clock=clock)
@@ -111,9 +117,19 @@ class Gateway:
             clock=clock,
             oldest_every=settings.dispatch.oldest_every,
         )
+        self.dispatcher.fair.configure({t.name: t.weight for t in keys.table})
+        store = settings.limits.store
+        self.limiter = Limiter(
+            keys.table,
+            settings.limits,
+            clock=clock,
+            fair=self.dispatcher.fair,
+            store=RedisStore(store, settings.limits.store_timeout) if store else None,
+        )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = GatewayMetrics(self.registry)
         self.registry.register(FleetCollector(self.fleet, self.dispatcher, clock))
+        self.registry.register(KeysCollector(self.limiter))
         self.events = FleetEvents(
             self.fleet,
             self.dispatcher,
@@ -142,6 +158,12 @@ class Gateway:
 
     def _current(self) -> Settings:
         return self.settings
+
+    def _keys(self, settings: Settings) -> KeyCheck:
+        """The client keys of ``settings``: ConfigError names one whose env var is unset."""
+        unified = settings.api_key(self._environ)
+        table = KeyTable.from_settings(settings, self._environ, unified)
+        return KeyCheck(unified, settings.admin_key(self._environ), table)
 
     @property
     def keys(self) -> KeyCheck:
@@ -208,6 +230,7 @@ class Gateway:
         await self.kv_events.stop()
         await self.client.aclose()
         await self.upstream.aclose()
+        await self.limiter.aclose()
         logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)
 
     async def _record_history(self) -> None:
@@ -256,7 +279,7 @@ class Gateway:
         ``previous`` the learning of the access accounting and the retry budget's window, and the
         policy itself while its kind is unchanged (a rebuilt one forgets its rotation)."""
         d, g = settings.dispatch, settings.gateway
-        keys = KeyCheck(settings.api_key(self._environ), settings.admin_key(self._environ))
+        keys = self._keys(settings)
         access = AccessLog(g.log_format, self._access_sink)
         if previous is None:
             accounting = Accounting(
@@ -278,6 +301,7 @@ class Gateway:
                 settings, self.tokens, self._exact, blocks=self._prompt_tokenizer, scope=self._precise_scope
             ),
             dispatcher=self.dispatcher,
+            limiter=self.limiter,
             upstream=self.upstream,
             accounting=accounting,
             metrics=self.metrics,
@@ -291,6 +315,7 @@ class Gateway:
         )
         return Parts(
             settings,
+            keys,
             specs,
             QueueRules(policy, d.queue_size, d.queue_timeout, d.oldest_every),
             hop_limits(g),
@@ -303,6 +328,9 @@ class Gateway:
         and each owner of kept state takes its new rules. Returns the fleet's changes."""
         self.settings = parts.settings
         self.pipeline = parts.pipeline
+        table = parts.keys.table
+        self.limiter.configure(table, parts.settings.limits)  # added and revoked keys, at once
+        self.dispatcher.fair.configure({t.name: t.weight for t in table})
         self.dispatcher.rules = parts.rules
         self.upstream.limits = parts.hop
         self.client.timeout = parts.control

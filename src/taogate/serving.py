@@ -68,7 +68,7 @@ def gateway_server_options(cfg: GatewaySettings) -> dict[str, Any]:
         "ws": "none",
         "timeout_keep_alive": cfg.keepalive_timeout,
         "access_log": False,  # the gateway writes its own line per request
-        "proxy_headers": False,  # nothing reads the client address (X-Forwarded-For)
+        "proxy_headers": False,  # the client address is the peer's, never what X-Forwarded-For claims
         "server_header": False,
     }
 

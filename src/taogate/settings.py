@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taogate.dispatch.types import STRATEGIES, Role, SchedulingPolicy, Strategy
+from taogate.tenancy.config import KeyList, LimitsSettings
 
 log = logging.getLogger("taogate.settings")
 
@@ -35,6 +36,17 @@ class ConfigError(Exception):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def instance_label(url: str, name: str | None = None) -> str:
+    """What every command, the page and the metrics call an instance: its configured name, else its
+    URL's host:port (never the user:password part, since labels go into headers, metrics and logs)."""
+    if name:
+        return name
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parts.port}" if parts.port else host
 
 
 def check_base_url(value: str, key: str) -> str:
@@ -201,6 +213,11 @@ class DispatchSettings(Section):
         description="Extra seconds a cache hit may cost over the least loaded instance, beyond the "
         "quarter more than its cost that an instance holding the prefix may always cost (0: none).",
     )
+    route_receipt: bool = Field(
+        default=False,
+        description="Every response carries x-taogate-route: the chosen instance's estimate and the "
+        "runner-up's, term by term (a request may ask with X-Taogate-Route: 1).",
+    )
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."
     )
@@ -299,14 +316,7 @@ class InstanceSettings(Section):
 
     @property
     def label(self) -> str:
-        """The name, or host:port: never the URL's user:password part, since labels go into
-        response headers, metrics and logs."""
-        if self.name:
-            return self.name
-        parts = urlsplit(self.url)
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        return f"{host}:{parts.port}" if parts.port else host
+        return instance_label(self.url, self.name)
 
 
 class DiscoverySettings(Section):
@@ -345,6 +355,8 @@ class Settings(BaseSettings):
         default=None, description="Used only when every primary instance is at its cap."
     )
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    keys: KeyList = Field(default_factory=list, description="Named client keys, beside the unified one.")
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:
@@ -398,6 +410,7 @@ class Settings(BaseSettings):
             ("[prefill] tokenizer", a.prefill.tokenizer, b.prefill.tokenizer),
             ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
             ("[prefill] chat_template", a.prefill.chat_template, b.prefill.chat_template),
+            ("[limits] store", a.limits.store, b.limits.store),
         ]
         return [key for key, old, cur in pairs if old != cur]
 

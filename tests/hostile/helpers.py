@@ -18,6 +18,7 @@ import socketserver
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -237,28 +238,37 @@ def answer_json(head: bytes = b"", payload: bytes | None = None) -> bytes:
     ) + body
 
 
+def _serves(inst: Any, model: str) -> bool:
+    return model in inst.model_cards
+
+
 @contextlib.asynccontextmanager
 async def gateway(
     answer: Answer | None = None,
     *,
     access_sink: Callable[[str], None] | None = None,
+    emulators: int = 1,
+    emulator: EmulatorConfig | None = None,
     **sections: dict[str, Any],
 ) -> AsyncIterator[Any]:
-    """A gateway in front of one instant emulator (the neighbour's) and, with ``answer``, a scripted
-    instance serving ``HOSTILE``; yields (gateway, scripted instance or None) once both are up."""
+    """A gateway in front of instant emulators (``emu``, ``emu2``, ...: the neighbour's) and, with
+    ``answer``, a scripted instance serving ``HOSTILE``; yields (gateway, scripted instance or
+    None) once all are up."""
     sections.setdefault("dispatch", {})
     sections["dispatch"] = {"scrape_interval": 0, "breaker_failures": 1000, **sections["dispatch"]}
     with contextlib.ExitStack() as stack:
         scripted = stack.enter_context(ScriptedInstance(answer)) if answer is not None else None
-        async with run_fleet([EmulatorConfig(instant=True)]) as fleet:
+        async with run_fleet([emulator or EmulatorConfig(instant=True)] * emulators) as fleet:
             urls = [*fleet.urls, *([scripted.url] if scripted else [])]
-            names = ["emu", *(["hostile"] if scripted else [])]
-            settings = gateway_settings(urls, names=names, **sections)
+            emus = ["emu", *(f"emu{i + 1}" for i in range(1, emulators))]
+            names = [*emus, *(["hostile"] if scripted else [])]
+            settings = gateway_settings(urls, roles=None, names=names, **sections)
             async with serve_gateway(settings, key=KEY, access_sink=access_sink) as gw:
                 if scripted is not None:
                     inst = gw.gateway.fleet.get("hostile")
                     await wait_until(lambda: HOSTILE in inst.model_cards, within=10, what="probes")
-                await wait_until(lambda: MODEL in gw.gateway.fleet.get("emu").model_cards, within=10)
+                for name in emus:
+                    await wait_until(partial(_serves, gw.gateway.fleet.get(name), MODEL), within=10)
                 yield gw, scripted
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -23,8 +24,9 @@ async def run(
     slow: dict[int, float], strategy: str, workload: Workload, *, caching: bool = False, **kw: Any
 ) -> Diagnosis:
     async with run_fleet(fleet_configs(4, slow, base=BASE, prefix_caching=caching)) as fleet:
+        names = [f"i{n}" for n in range(len(fleet.urls))]
         return await diagnose(
-            fleet.urls, workload, model=BASE.model, strategy=strategy, probe_tokens=2048, **kw
+            fleet.urls, workload, model=BASE.model, strategy=strategy, probe_tokens=2048, names=names, **kw
         )
 
 
@@ -90,7 +92,8 @@ def test_cli_exit_code_reflects_the_verdict(tmp_path: Path) -> None:
     assert '"kind": "slow"' in out.read_text()
 
 
-def test_cli_without_instances_cannot_run() -> None:
+def test_cli_without_instances_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./config.toml or ./settings.json to take the instances from
     app = typer.Typer()
     app.command("diagnose")(diagnose_command)
     app.command("noop")(lambda: None)

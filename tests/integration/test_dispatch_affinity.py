@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import openai
+import pytest
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
@@ -59,3 +61,41 @@ async def test_shared_prefixes_meet_their_cache() -> None:
     assert blind < 0.6, blind
     assert with_affinity > blind + 0.15, (with_affinity, blind)
     assert 'reason="affinity_hit",strategy="least_busy"' in metrics
+
+
+async def test_a_route_receipt_names_the_pick_the_runner_up_and_the_evidence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """X-Taogate-Route: 1 makes the answer say why it went there, term by term; the same line goes
+    to the debug log. After a first answer, the prefix is evidenced as computed on its instance."""
+    configs = [EmulatorConfig(seed=i, enable_prefix_caching=True) for i in range(2)]
+    async with run_fleet(configs) as fleet, serve_gateway(settings_for(fleet.urls)) as gate:
+        sdk = openai.AsyncOpenAI(base_url=gate.api_base, api_key=KEY, max_retries=0, timeout=30)
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": SYSTEMS[0]},
+            {"role": "user", "content": "why?"},
+        ]
+        try:
+            plain = await sdk.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=2,
+            )
+            assert plain.headers.get("x-taogate-route") is None  # not asked: not given
+            with caplog.at_level(logging.DEBUG, logger="taogate.dispatch"):
+                asked = await sdk.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=messages,
+                    max_tokens=2,
+                    extra_headers={"X-Taogate-Route": "1"},
+                )
+        finally:
+            await sdk.close()
+    line = asked.headers["x-taogate-route"]
+    served = asked.headers["x-taogate-instance"]
+    assert line.startswith("affinity_hit: " + served + " est=")
+    for term in ("fixed=", "queued=", "own=", "decode=", "runner-up"):
+        assert term in line
+    assert "computed)" in line.split(";")[0]  # the first answer there is the evidence
+    assert len(line) <= 600
+    assert any(line in r.getMessage() for r in caplog.records)

@@ -23,7 +23,9 @@ from taogate.emulator.config import EmulatorConfig
 from tests.conftest import KEY, Running, missing, running_gateway
 
 MODEL = "emulated-model"
-SLOW = "i2"
+# Long names, as real fleets have them: the page must show each in full, in the table and the legends.
+NAMES = [f"vllm-{c}.gpu-pool-eu-west-1.inference.example.internal:8000" for c in "abcd"]
+SLOW = NAMES[2]
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
 # Without the background-networking flags Chromium dials out on its own, which a closed network
@@ -55,7 +57,7 @@ def _fleet() -> list[EmulatorConfig]:
         "max_num_batched_tokens": 4096,
     }
     return [
-        EmulatorConfig(seed=i, slowdown=3.0 if f"i{i}" == SLOW else 1.0, enable_prefix_caching=True, **base)
+        EmulatorConfig(seed=i, slowdown=3.0 if NAMES[i] == SLOW else 1.0, enable_prefix_caching=True, **base)
         for i in range(4)
     ]
 
@@ -105,7 +107,7 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
     # A small cap makes the fast cards fill, so the slow one gets work (and evidence) and the
     # gateway queue holds something.
     async with (
-        running_gateway(_fleet(), dispatch={"max_queue_per_instance": 2, "queue_size": 4}) as gw,
+        running_gateway(_fleet(), names=NAMES, dispatch={"max_queue_per_instance": 2, "queue_size": 4}) as gw,
         _loaded(gw, concurrency=10),
         async_playwright() as pw,
     ):
@@ -142,16 +144,18 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
             rows = page.locator("#rows tr")
             await page.wait_for_function("document.querySelectorAll('#rows tr').length === 4")
             names = [await rows.nth(i).get_attribute("data-instance") for i in range(4)]
-            assert sorted(names) == ["i0", "i1", "i2", "i3"]  # type: ignore[type-var]
+            assert sorted(names) == NAMES  # type: ignore[type-var]
             header_cells = await page.locator("#instances thead th[scope=col]").all_inner_texts()
             assert "verdict" in header_cells and "TTFT p50 / p99" in header_cells
 
             # The slow card is marked slow, in words, and only it.
-            slow_row = page.locator(f"#rows tr[data-instance={SLOW}]")
-            await page.wait_for_selector(f"#rows tr[data-instance={SLOW}][data-state=slow]", timeout=120_000)
+            slow_row = page.locator(f'#rows tr[data-instance="{SLOW}"]')
+            await page.wait_for_selector(
+                f'#rows tr[data-instance="{SLOW}"][data-state=slow]', timeout=120_000
+            )
             assert "slow" in (await slow_row.locator("td.verdict").inner_text()).lower()
             states = {
-                n: await page.locator(f"#rows tr[data-instance={n}]").get_attribute("data-state")
+                n: await page.locator(f'#rows tr[data-instance="{n}"]').get_attribute("data-state")
                 for n in names
             }
             assert [n for n, s in states.items() if s == "slow"] == [SLOW], states
@@ -164,7 +168,18 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
             second_chart = await page.locator("#c-rps path").first.get_attribute("d")
             assert first != second and first_chart != second_chart
             assert await page.locator("#c-inflight path.series").count() == 4
-            assert await page.locator("#c-rps text.label.slow").text_content() == f"{SLOW} (slow)"
+            # Every chart's legend names every instance in full, uncut, and marks the slow one.
+            for chart in ("c-inflight", "c-ttft", "c-rps"):
+                await page.wait_for_function(f"document.querySelectorAll('#{chart}-legend li').length === 4")
+                assert await page.locator(f"#{chart}-legend li.slow").text_content() == f"{SLOW} (slow)"
+                shown = await page.eval_on_selector_all(
+                    f"#{chart}-legend li",
+                    "items => items.map(li => [li.textContent, li.scrollWidth <= li.clientWidth,"
+                    " li.getBoundingClientRect().right"
+                    " <= li.closest('figure').getBoundingClientRect().right])",
+                )
+                assert sorted(t.removesuffix(" (slow)") for t, _, _ in shown) == NAMES, shown
+                assert all(fits and inside for _, fits, inside in shown), shown
 
             await asyncio.sleep(6)  # a little more history on the charts for the picture
             shot = tmp_path / "dashboard.png"
@@ -174,12 +189,13 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
                 shutil.copyfile(shot, SCREENSHOT)
 
             # Drain from the page (a confirmed action), then undrain.
-            target = gw.app.gateway.fleet.get("i1")
-            await page.get_by_role("button", name="Drain i1").click()
-            await page.wait_for_selector("#rows tr[data-instance=i1][data-state=draining]")
+            drained = NAMES[1]
+            target = gw.app.gateway.fleet.get(drained)
+            await page.get_by_role("button", name=f"Drain {drained}").click()
+            await page.wait_for_selector(f'#rows tr[data-instance="{drained}"][data-state=draining]')
             assert target.draining
-            await page.get_by_role("button", name="Undrain i1").click()
-            await page.wait_for_selector("#rows tr[data-instance=i1]:not([data-state=draining])")
+            await page.get_by_role("button", name=f"Undrain {drained}").click()
+            await page.wait_for_selector(f'#rows tr[data-instance="{drained}"]:not([data-state=draining])')
             assert not target.draining
 
             # The key lives in the tab's session storage: never in a URL, never in a cookie.

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from taogate.bench.compare import run_compare
 from taogate.bench.workloads import RequestSpec, Workload
+from taogate.settings import instance_label
 from tests.real.conftest import Pair, Say
 from tests.real.gateway import engine_metrics, unique_prompt
 from tests.real.server import SERVED_MODEL
@@ -39,7 +40,9 @@ def test_diagnose_names_the_slow_card(vllm_pair: Pair, tmp_path: Path, report: S
     code, result = diagnose([vllm_pair.fast.url, vllm_pair.slow.url], tmp_path)
     verdict = result["verdict"]
     report(f"diagnose on fast + slow: {verdict['headline']}")
-    assert (code, verdict["kind"], verdict["instance"]) == (2, "slow", "i1"), verdict
+    # Named as the gateway, status and the page name it: host:port, since no name is configured.
+    slow = instance_label(vllm_pair.slow.url)
+    assert (code, verdict["kind"], verdict["instance"]) == (2, "slow", slow), verdict
 
 
 def test_diagnose_calls_a_homogeneous_cached_fleet_healthy(

@@ -8,20 +8,46 @@ from hypothesis import strategies as st
 from taogate.dispatch.cache_model import PrefixCacheModel
 
 
-def test_a_key_sent_here_is_a_hit_at_once_and_only_here() -> None:
+def test_a_key_is_a_hit_only_once_computed_here_and_only_here() -> None:
     here, there = PrefixCacheModel(), PrefixCacheModel()
     assert here.expected_hit(7, 2010, 2040) == 0.0  # never sent: no hit anywhere
     ticket = here.dispatched(7, 2010, 2040, 16)
-    assert here.expected_hit(7, 2010, 2040) == 2000.0  # whole blocks, before the first token
+    # Sent, no first token yet: a follower is priced at its whole prompt, not at a hit.
+    assert here.expected_hit(7, 2010, 2040) == 0.0 and here.pinned_hit(7, 2010, 2040) == 0.0
+    assert here.sent(7) and not here.holds(7)
+    follower = here.dispatched(7, 2010, 2040, 16)
+    assert follower.predicted == 0
+    here.computed(ticket)  # its first token: the engine has the prefix
+    assert here.expected_hit(7, 2010, 2040) == 2000.0  # whole blocks
     assert here.pinned_hit(7, 2010, 2040) == 2000.0
     assert there.expected_hit(7, 2010, 2040) == 0.0
     here.finished(ticket)
+    here.finished(follower)
     assert here.expected_hit(7, 2010, 2040) == 2000.0 and here.pinned_hit(7, 2010, 2040) == 0.0
+
+
+def test_an_answer_with_usage_is_evidence_too() -> None:
+    model = PrefixCacheModel()
+    ticket = model.dispatched(3, 2000, 2040, 16)
+    model.observe_cached(ticket, 0)  # it was prefilled (a miss): the prefix is computed now
+    model.finished(ticket)
+    assert model.holds(3) and model.trust == 1.0
+
+
+def test_an_evicted_key_needs_new_evidence() -> None:
+    model = PrefixCacheModel(capacity_blocks=140, block_size=16)  # one 2,000-token prefix
+    first = model.dispatched(1, 2000, 2040, 16)
+    model.computed(first)
+    model.finished(first)
+    model.finished(model.dispatched(2, 2000, 2040, 16))  # evicts 1
+    assert not model.sent(1)
+    model.dispatched(1, 2000, 2040, 16)
+    assert model.expected_hit(1, 2000, 2040) == 0.0
 
 
 def test_the_last_token_is_never_a_hit() -> None:
     model = PrefixCacheModel(block_size=16)
-    model.dispatched(1, 4096, 4096, 16)
+    model.computed(model.dispatched(1, 4096, 4096, 16))
     assert model.expected_hit(1, 4096, 4096) == 4080.0
 
 
@@ -31,7 +57,7 @@ def test_lru_evicts_the_oldest_unpinned_and_keeps_running_ones() -> None:
     model.finished(a)
     b = model.dispatched(2, 2000, 2040, 16)  # running: pinned
     model.dispatched(3, 2000, 2040, 16)  # no room for all three: the oldest unpinned (1) goes
-    assert not model.holds(1) and model.holds(2) and model.holds(3)
+    assert not model.sent(1) and model.sent(2) and model.sent(3)
     model.finished(b)
     assert model.used <= model.capacity + 135  # pinned entries may overflow, never by more than them
 
@@ -47,7 +73,7 @@ def test_eviction_cost_counts_reused_prefixes_only() -> None:
 
 def test_trust_follows_what_the_engine_reports() -> None:
     model = PrefixCacheModel()
-    model.dispatched(1, 2000, 2040, 16)
+    model.computed(model.dispatched(1, 2000, 2040, 16))
     ticket = model.dispatched(1, 2000, 2040, 16)
     model.observe_cached(ticket, 0)  # predicted a hit, the engine found nothing
     assert model.trust < 1.0
@@ -59,7 +85,7 @@ def test_trust_follows_what_the_engine_reports() -> None:
 
 def test_counters_teach_trust_without_exact_answers() -> None:
     model = PrefixCacheModel()
-    model.dispatched(1, 2000, 2040, 16)
+    model.computed(model.dispatched(1, 2000, 2040, 16))
     for _ in range(4):
         model.dispatched(1, 2000, 2040, 16)
     model.observe_counters(0.0)

@@ -123,3 +123,25 @@ def test_an_instance_view_carries_each_value_in_its_named_field() -> None:
         overflow=False,
     )
     assert view == expected
+
+
+def test_a_prefix_is_priced_as_a_hit_only_after_a_first_token_there() -> None:
+    """The lease's first token is the evidence the engine computed its prefix: before it, a follower
+    is booked at its whole prompt on that instance; after it, at its question alone."""
+    s = Settings(instances=[InstanceSettings(url="http://127.0.0.1:9", name="a")])
+    fleet = Fleet(s, SpeedEstimator())
+    fleet.apply(s, specs_from_settings(s, {}))
+    next(iter(fleet)).health.record(True, 0.0)
+    d = Dispatcher(
+        fleet, make_policy("least_busy", affinity=True), queue_size=10, queue_timeout=1, clock=time.monotonic
+    )
+    facts = RequestFacts(model=None, prompt_tokens=3040, long=False, prefix_key=5, prefix_tokens=3000)
+    leader = d.try_acquire(facts)
+    follower = d.try_acquire(facts)
+    assert leader is not None and follower is not None
+    assert follower[1].work == 3040  # sent, not computed: no hit yet
+    leader[0].first_token()
+    late = d.try_acquire(facts)
+    assert late is not None and late[1].work is not None and late[1].work <= 48
+    for lease, _ in (leader, follower, late):
+        lease.release()

@@ -57,6 +57,18 @@ def test_long_shared_prefix_is_prefilled_once_behind_chunks() -> None:
     assert dict(run(engine)) == {"a": 0, "b": 4096}
 
 
+def test_hits_after_prefill_makes_a_follower_in_flight_miss_and_a_later_one_hit() -> None:
+    """The other semantics (an engine that caches a prompt only once its prefill completes): a
+    follower admitted while its leader prefills computes the prefix again; one admitted after hits."""
+    engine = Engine(replace(CACHED, hits_after_prefill=True, kv_events=False))
+    shared = list(range(4096))
+    engine.add(EngineRequest("a", [*shared, 1], 1))
+    engine.add(EngineRequest("b", [*shared, 2], 1))
+    assert dict(run(engine)) == {"a": 0, "b": 0}
+    engine.add(EngineRequest("c", [*shared, 3], 1))
+    assert dict(run(engine)) == {"c": 4096}
+
+
 def test_generated_blocks_are_cached() -> None:
     engine = Engine(CACHED)
     prompt = list(range(100, 132))

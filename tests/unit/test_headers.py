@@ -94,3 +94,22 @@ def test_the_load_report_is_asked_of_instances_only_and_kept_from_the_client() -
     assert all(k != b"endpoint-load-metrics" for k, _ in kept)
     passed = downstream_headers(answer, request_id=RID, instance="i0")  # the client asked itself
     assert (b"endpoint-load-metrics", b"JSON {}") in passed
+
+
+def test_x_forwarded_for_gets_the_client_address_appended_to_what_the_client_claims() -> None:
+    claimed = [(b"x-forwarded-for", b"6.6.6.6"), (b"x-forwarded-for", b"10.0.0.1"), (b"x-kept", b"yes")]
+    out = upstream_headers(claimed, request_id=RID, tag=None, client=("192.0.2.7", 5555))
+    assert out == [
+        (b"x-kept", b"yes"),
+        (b"x-forwarded-for", b"6.6.6.6, 10.0.0.1, 192.0.2.7"),
+        (b"x-request-id", RID),
+    ]
+    alone = upstream_headers([], request_id=RID, tag=None, client=("::1", 1))
+    assert alone == [(b"x-forwarded-for", b"::1"), (b"x-request-id", RID)]
+
+
+def test_what_an_instance_runs_on_is_not_relayed() -> None:
+    out = downstream_headers(
+        [(b"X-Powered-By", b"PHP/5.4"), (b"x-kept", b"yes")], request_id=RID, instance="a"
+    )
+    assert (b"x-powered-by", b"PHP/5.4") not in out and (b"x-kept", b"yes") in out

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taogate.proxy.relay import Events, EventTooLarge
 from taogate.proxy.usage import UsageTap, usage_of_body
 
 STREAM = (
@@ -78,3 +79,28 @@ def test_property_usage_of_body_is_what_a_full_parse_says(
         obj["usage"] = {**usage, "prompt_tokens_details": {"cached_tokens": 1}}
     body = _body(obj, indent=indent)
     assert usage_of_body(body) == obj.get("usage")
+
+
+EVENTS = b'data: {"a":1}\n\nevent: e\r\ndata: {"b":2}\r\n\r\ndata: [DONE]\n\n'
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, len(EVENTS) + 20), max_size=12, unique=True), st.integers(0, 20))
+def test_only_whole_events_are_relayed_whatever_the_chunking(cuts: list[int], unfinished: int) -> None:
+    stream = EVENTS + b'data: {"c":'[:unfinished]
+    bounds = [0, *sorted(c for c in cuts if c < len(stream)), len(stream)]
+    events = Events()
+    out = []
+    for a, b in itertools.pairwise(bounds):
+        whole = events.whole(stream[a:b])
+        assert not whole or whole.endswith((b"\n\n", b"\n\r\n"))
+        out.append(whole)
+    assert b"".join(out) == EVENTS
+    assert events.held == len(stream) - len(EVENTS)
+
+
+def test_an_event_that_never_ends_is_bounded() -> None:
+    events = Events(limit=1000)
+    events.whole(b"data: " + b"a" * 900)
+    with pytest.raises(EventTooLarge):
+        events.whole(b"a" * 200)

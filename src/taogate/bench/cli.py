@@ -1,26 +1,27 @@
 """The ``bench``, ``diagnose`` and ``demo`` commands (registered by ``taogate.cli``).
 
-They only map flags onto the library: the client profile (settings.json) gives base_url, key, model,
-timeouts and headers; flags override it. ``--emulate`` starts an emulated fleet in-process instead of
+They only map flags onto the library: ``bench.endpoint`` resolves where the load goes from the files
+``serve`` reads, and flags override it. ``--emulate`` starts an emulated fleet in-process instead of
 talking to a real one. Every run is capped by ``--max-requests`` and ``--max-seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from taogate.bench import workloads
 from taogate.bench.compare import run_compare, run_target
 from taogate.bench.diagnose import Diagnosis
 from taogate.bench.diagnose import diagnose as run_diagnosis
+from taogate.bench.endpoint import Endpoint, fail, resolve_endpoint
+from taogate.bench.notes import held_logs
 from taogate.bench.render import (
     instance_table,
     make_console,
@@ -32,17 +33,34 @@ from taogate.bench.render import (
 )
 from taogate.bench.runner import Target
 from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs
-from taogate.client import api_base
+from taogate.dispatch.types import STRATEGIES
 from taogate.emulator.config import EmulatorConfig
 
 __all__ = ["bench", "demo", "diagnose"]
 
 WORKLOADS = ("long-prompts", "single", "mixed", "shared-prefix", "file")
-EMULATED_MODEL = EmulatorConfig().model
 #: Mixed traffic is offered at this fraction of the emulated fleet's prefill capacity by default.
 MIXED_LOAD = 0.7
 
-SettingsOpt = Annotated[Path | None, typer.Option("--settings", help="Client profile (settings.json).")]
+SettingsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--settings",
+        help="settings.json: the gateway's URL, key and model (taotoken), the instance URLs "
+        "(vllm.instances). Default: ./settings.json when it exists, as serve reads it.",
+    ),
+]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help=escape(
+            "config.toml whose [[instances]] (their names too) are the fleet, as serve reads it. "
+            "Default: ./config.toml when it exists."
+        ),
+    ),
+]
 BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="Gateway base URL (overrides profile).")]
 KeyOpt = Annotated[str | None, typer.Option("--key", help="API key (default: profile, $TAOTOKEN_API_KEY).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name (default: profile).")]
@@ -60,79 +78,33 @@ EmulateOpt = Annotated[
 ]
 InstancesOpt = Annotated[int, typer.Option("--instances", help="--emulate: fleet size.")]
 SlowOpt = Annotated[list[str] | None, typer.Option("--slow", help="--emulate: INDEX=FACTOR slow instance.")]
-CacheOpt = Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="--emulate: caching.")]
+CacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prefix-caching/--no-prefix-caching",
+        help="--emulate: the emulated instances' prefix caching (on by default, as recommended for vLLM).",
+    ),
+]
 InstanceUrlOpt = Annotated[
     list[str] | None,
-    typer.Option("--instance", help="A vLLM base URL (repeat; default: settings.json vllm.instances)."),
+    typer.Option(
+        "--instance",
+        help=escape(
+            "A vLLM base URL (repeat). Default: the instances serve would use: config.toml's "
+            "[[instances]], else settings.json's vllm.instances. Each is called by its configured "
+            "name, else host:port."
+        ),
+    ),
 ]
 MaxReqOpt = Annotated[int, typer.Option("--max-requests", help="Safety cap on requests per run.")]
 MaxSecOpt = Annotated[float, typer.Option("--max-seconds", help="Safety cap on seconds per run.")]
-StrategyOpt = Annotated[str, typer.Option("--strategy", help="Gateway strategy for --emulate runs.")]
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where the load goes, resolved from the profile and flags."""
-
-    base_url: str | None
-    key: str
-    model: str
-    headers: dict[str, str]
-    timeout: httpx.Timeout
-    instances: list[str]
-
-    @property
-    def api_base(self) -> str | None:
-        return None if self.base_url is None else api_base(self.base_url)
-
-
-def _fail(message: str, code: int = 3) -> typer.Exit:
-    Console(stderr=True).print(f"[red]taogate:[/red] {message}")
-    return typer.Exit(code)
-
-
-def resolve_endpoint(
-    settings: Path | None,
-    base_url: str | None,
-    key: str | None,
-    model: str | None,
-    instances: list[str] | None,
-    *,
-    emulate: bool,
-) -> Endpoint:
-    """Profile values, overridden by flags; emulated runs default the model to the emulator's."""
-    from taogate.config_files import read_client_settings
-    from taogate.settings import ConfigError
-
-    headers: dict[str, str] = {}
-    timeout = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=None)
-    profile_urls: list[str] = []
-    profile_base = profile_model = None
-    profile_key = ""
-    if settings is not None:
-        try:
-            client = read_client_settings(settings)
-        except ConfigError as exc:
-            raise _fail(str(exc)) from None
-        p = client.taotoken
-        profile_base, profile_model, headers = p.base_url, p.default_model, dict(p.headers)
-        timeout = httpx.Timeout(
-            connect=p.timeout.connect, read=p.timeout.read, write=p.timeout.write, pool=None
-        )
-        profile_urls = list(client.vllm.instances)
-        if key is None:
-            try:
-                profile_key = p.resolved_api_key()
-            except ConfigError as exc:
-                raise _fail(f"{exc} (or pass --key)") from None
-    return Endpoint(
-        base_url=base_url or profile_base,
-        key=key or profile_key or os.environ.get("TAOTOKEN_API_KEY", ""),
-        model=model or (EMULATED_MODEL if emulate else profile_model) or EMULATED_MODEL,
-        headers=headers,
-        timeout=timeout,
-        instances=list(instances or profile_urls),
-    )
+StrategyOpt = Annotated[
+    str,
+    typer.Option(
+        "--strategy",
+        help=f"--emulate without --compare: the in-process gateway's strategy ({', '.join(STRATEGIES)}).",
+    ),
+]
 
 
 def build_workload(
@@ -161,12 +133,12 @@ def build_workload(
         )
     if kind == "file":
         if file is None:
-            raise _fail("--workload file needs --file PATH (JSONL: one prompt per line)")
+            raise fail("--workload file needs --file PATH (JSONL: one prompt per line)")
         try:
             return workloads.from_file(file, concurrency, max_tokens).limited(requests)
         except (OSError, ValueError) as exc:
-            raise _fail(str(exc)) from None
-    raise _fail(f"unknown workload {kind!r}; choose one of: {', '.join(WORKLOADS)}")
+            raise fail(str(exc)) from None
+    raise fail(f"unknown workload {kind!r}; choose one of: {', '.join(WORKLOADS)}")
 
 
 def emulated_configs(instances: int, slow: list[str] | None, prefix_caching: bool) -> list[EmulatorConfig]:
@@ -205,6 +177,8 @@ async def _bench(
         return [await run_scenario(scenario, wl, configs=configs, **caps)]
     outcomes = []
     if ep.api_base is not None:
+        if ep.key_error is not None:
+            raise fail(ep.key_error)
         target = Target(ep.api_base, ep.key)
         label = f"your gateway ({ep.base_url})"
         outcomes.append(
@@ -221,24 +195,29 @@ async def _bench(
         )
     if compare:
         if not ep.instances:
-            raise _fail("--compare needs the instance URLs: settings.json vllm.instances or --instance")
+            raise fail(
+                "--compare needs the instances: --instance URL, or config.toml's [[instances]] or "
+                "settings.json's vllm.instances"
+            )
         outcomes += await run_compare(
             wl,
             console=console,
             urls=ep.instances,
+            names=ep.names,
             instance_key=ep.key,
             model=ep.model,
             headers=ep.headers,
             **caps,
         )
     if not outcomes:
-        raise _fail("nothing to run: give --base-url or --settings, or use --emulate")
+        raise fail("nothing to run: give --base-url or --settings, or use --emulate")
     return outcomes
 
 
 def bench(
     *,
     settings: SettingsOpt = None,
+    config: ConfigOpt = None,
     base_url: BaseUrlOpt = None,
     key: KeyOpt = None,
     model: ModelOpt = None,
@@ -263,10 +242,16 @@ def bench(
     max_requests: MaxReqOpt = 1000,
     max_seconds: MaxSecOpt = 600.0,
 ) -> None:
-    """Load the gateway (streaming, so TTFT is real) and report; --compare runs direct round robin,
-    the gateway's strategies and (emulated) the pooled bound side by side."""
+    """Load the gateway (streaming, so TTFT is real) and report TTFT, latency, throughput and each
+    instance's share.
+
+    --compare runs, side by side on the same load: round robin straight to the instances, then
+    in-process gateways with each strategy, and on an emulated fleet the pooled bound (one emulated
+    instance with the whole fleet's summed speed, batch slots and cache, which no dispatcher of
+    separate instances should beat). With --settings or ./settings.json, your own gateway is the
+    first row."""
     console = make_console()
-    ep = resolve_endpoint(settings, base_url, key, model, instance, emulate=emulate)
+    ep = resolve_endpoint(settings, base_url, key, model, instance, emulate=emulate, config=config)
     configs = emulated_configs(instances, slow, prefix_caching) if emulate else None
     wl = build_workload(
         workload,
@@ -279,23 +264,25 @@ def bench(
         capacity=fleet_capacity(configs) if configs else None,
     )
     scenario = Scenario(f"gateway {strategy}", "gateway", strategy, prefix_affinity=strategy == "least_busy")
-    outcomes = asyncio.run(
-        _bench(
-            console,
-            ep,
-            wl,
-            compare=compare,
-            configs=configs,
-            scenario=scenario,
-            max_requests=max_requests,
-            max_seconds=max_seconds,
+    with held_logs() as held:
+        outcomes = asyncio.run(
+            _bench(
+                console,
+                ep,
+                wl,
+                compare=compare,
+                configs=configs,
+                scenario=scenario,
+                max_requests=max_requests,
+                max_seconds=max_seconds,
+            )
         )
-    )
     print_outcomes(
         console, outcomes, f"taogate bench: {wl.name}, {len(wl.limited(max_requests).requests)} requests"
     )
     if len(outcomes) == 1:
         console.print(instance_table(outcomes[0].summary, outcomes[0].admin))
+    held.flush_to(console)
     _outputs(console, outcomes, json_out, plot)
     if all(o.summary.ok == 0 for o in outcomes):
         raise typer.Exit(3)
@@ -307,12 +294,15 @@ async def _diagnose_emulated(
     from taogate.emulator.fleet import run_fleet
 
     async with run_fleet(configs) as fleet:
-        return await run_diagnosis(fleet.urls, wl, model=configs[0].model, **kwargs)
+        # Numbered like --slow INDEX=FACTOR: the short form the user chose for an emulated fleet.
+        names = [f"i{n}" for n in range(len(fleet.urls))]
+        return await run_diagnosis(fleet.urls, wl, model=configs[0].model, names=names, **kwargs)
 
 
 def diagnose(
     *,
     settings: SettingsOpt = None,
+    config: ConfigOpt = None,
     key: KeyOpt = None,
     model: ModelOpt = None,
     workload: WorkloadOpt = "long-prompts",
@@ -322,25 +312,59 @@ def diagnose(
     max_tokens: MaxTokOpt = 16,
     rate: RateOpt = None,
     file: FileOpt = None,
-    cap: Annotated[int, typer.Option("--cap", help="The lowered max_queue_per_instance.")] = 8,
-    queue_cap: Annotated[int, typer.Option("--queue-cap", help="The configured cap.")] = 32,
-    strategy: Annotated[str, typer.Option("--strategy", help="The configured strategy.")] = "least_busy",
-    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Probe each instance alone.")] = True,
+    cap: Annotated[
+        int,
+        typer.Option(
+            "--lowered-cap",
+            "--cap",
+            help="Run B's max_queue_per_instance, the lowered one (the article's 8): if max latency drops "
+            "with it, the cause is dispatch.",
+        ),
+    ] = 8,
+    queue_cap: Annotated[
+        int,
+        typer.Option(
+            "--configured-cap",
+            "--queue-cap",
+            help="Run A's max_queue_per_instance: the cap your gateway runs with (its default is 32).",
+        ),
+    ] = 32,
+    strategy: Annotated[
+        str,
+        typer.Option(
+            "--strategy",
+            help="The strategy of diagnose's own gateway in both runs, as yours runs "
+            f"({', '.join(STRATEGIES)}).",
+        ),
+    ] = "least_busy",
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe/--no-probe",
+            help="First send each instance a long prompt alone, 5 times, for its own speed.",
+        ),
+    ] = True,
     json_out: JsonOpt = None,
     plot: PlotOpt = None,
     emulate: EmulateOpt = False,
     instances: InstancesOpt = 4,
     slow: SlowOpt = None,
-    prefix_caching: CacheOpt = False,
+    prefix_caching: CacheOpt = True,
     instance: InstanceUrlOpt = None,
     max_requests: MaxReqOpt = 1000,
     max_seconds: MaxSecOpt = 300.0,
 ) -> None:
-    """The queue-cap bisection: the same load at --queue-cap, then with max_queue_per_instance lowered
-    to --cap; if max latency drops, the cause is dispatch. Exit 0 balanced, 1 dispatch, 2 slow
-    instance (or inside vLLM), 3 could not run."""
+    """Is uneven latency dispatch, one slow instance, or nothing? The queue-cap bisection.
+
+    diagnose starts a gateway of its own, in this process, in front of your instances; it does not
+    use or change a gateway you have running. It probes each instance alone, then runs the same load
+    twice through its gateway: at --configured-cap, then with max_queue_per_instance lowered to
+    --lowered-cap. If max latency drops, requests piled up in one queue: the cause is dispatch. If
+    not, an instance whose own prefill speed is low is named. Every prompt gets a prefix of its own,
+    so prefix-cache hits do not pass for speed. Exit 0 balanced, 1 dispatch, 2 slow instance (or
+    inside vLLM), 3 could not run."""
     console = make_console()
-    ep = resolve_endpoint(settings, None, key, model, instance, emulate=emulate)
+    ep = resolve_endpoint(settings, None, key, model, instance, emulate=emulate, config=config)
     configs = emulated_configs(instances, slow, prefix_caching) if emulate else None
     wl = build_workload(
         workload,
@@ -360,18 +384,23 @@ def diagnose(
         "probe_tokens": prompt_tokens,
         "max_seconds": max_seconds,
     }
-    try:
-        if configs is not None:
-            result = asyncio.run(_diagnose_emulated(configs, wl, **kwargs))
-        elif ep.instances:
-            result = asyncio.run(run_diagnosis(ep.instances, wl, model=ep.model, key=ep.key, **kwargs))
-        else:
-            raise _fail(
-                "diagnose needs the instance URLs (settings.json vllm.instances or --instance) or --emulate"
-            )
-    except (OSError, httpx.HTTPError) as exc:
-        raise _fail(f"could not run: {exc}") from None
+    with held_logs() as held:
+        try:
+            if configs is not None:
+                result = asyncio.run(_diagnose_emulated(configs, wl, **kwargs))
+            elif ep.instances:
+                result = asyncio.run(
+                    run_diagnosis(ep.instances, wl, model=ep.model, key=ep.key, names=ep.names, **kwargs)
+                )
+            else:
+                raise fail(
+                    "diagnose needs the instances: --instance URL, or a config.toml with [[instances]] or a "
+                    "settings.json with vllm.instances here (or named by --config / --settings), or --emulate"
+                )
+        except (OSError, httpx.HTTPError) as exc:
+            raise fail(f"could not run: {exc}") from None
     render_diagnosis(console, result)
+    held.flush_to(console)
     if json_out is not None:
         write_json(
             json_out,

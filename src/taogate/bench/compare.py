@@ -60,6 +60,7 @@ async def run_compare(
     console: Console,
     configs: Sequence[EmulatorConfig] | None = None,
     urls: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
     instance_key: str = "",
     model: str = "emulated-model",
     headers: Mapping[str, str] | None = None,
@@ -68,7 +69,8 @@ async def run_compare(
     scenarios: Sequence[Scenario] = COMPARE,
     pooled: bool = True,
 ) -> list[Outcome]:
-    """Run every scenario (plus the pooled bound when emulated) and return them in table order."""
+    """Run every scenario (plus the pooled bound when emulated) and return them in table order;
+    real ``urls`` are called ``names`` (default host:port), as the user's own gateway calls them."""
     rows = list(scenarios)
     if configs is not None and pooled:
         rows.append(POOLED)
@@ -83,6 +85,7 @@ async def run_compare(
                     salted(workload, f"Row {n} of compare {run_salt}."),
                     configs=configs,
                     urls=urls,
+                    names=names,
                     instance_key=instance_key,
                     model=model,
                     headers=headers,

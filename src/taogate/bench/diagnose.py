@@ -42,7 +42,7 @@ from typing import Any, Literal
 import httpx
 
 from taogate.app import serve_gateway
-from taogate.bench.report import IMBALANCE_RATIO, Summary, ratio, summarize
+from taogate.bench.report import IMBALANCE_RATIO, Summary, instance_labels, ratio, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
 from taogate.bench.scenarios import Scenario, admin_instances, counter_hits, gateway_settings, prefix_counters
 from taogate.bench.workloads import RequestSpec, Workload, filler, salted, unshared
@@ -347,10 +347,12 @@ async def diagnose(
     slow: float = SLOW,
     on_sample: Any = None,
     shared_prefixes: bool = False,
+    names: Sequence[str] | None = None,
 ) -> Diagnosis:
     """Probe, run with ``cap`` and with ``low_cap`` through loopback gateways, and decide;
-    ``shared_prefixes`` keeps the prompts' own prefixes (prefix-cache hits then weigh in)."""
-    names = [f"i{n}" for n in range(len(urls))]
+    ``shared_prefixes`` keeps the prompts' own prefixes (prefix-cache hits then weigh in). The
+    instances are called ``names``, else host:port, as the gateway in front of them calls them."""
+    names = list(names or instance_labels(urls))
     tries = await probe_speeds(urls, names, model=model, key=key, prompt_tokens=probe_tokens) if probe else {}
     speeds = {n: statistics.median(v) if v else 0.0 for n, v in tries.items()}
     ranges = {n: (min(v), max(v)) for n, v in tries.items() if v}

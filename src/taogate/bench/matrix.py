@@ -44,6 +44,9 @@ class Cell:
     load: float = 0.6  # open loop: offered load, a fraction of the fleet's capacity for this traffic
     max_tokens: int = 16
     seed: int = 0
+    max_num_seqs: int | None = None  # the instances' --max-num-seqs (None: the emulator's default)
+    cache_info: bool = True  # the instances publish vllm:cache_config_info (their cache's shape)
+    hits_after_prefill: bool = False  # engines that make a prompt hittable only once it is prefilled
 
     def describe(self) -> str:
         slow = ", ".join(f"i{i} {f:g}x slow" for i, f in self.slow) or "no slow card"
@@ -51,6 +54,12 @@ class Cell:
             f"{self.hot} hot prefixes of ~{self.prefix_tokens} tokens" if self.hot else "mixed, no sharing"
         )
         cache = f"caching {'on' if self.caching else 'off'}, {self.cache} cache"
+        if self.max_num_seqs is not None:
+            cache += f", max-num-seqs {self.max_num_seqs}"
+        if not self.cache_info:
+            cache += ", no cache_config_info"
+        if self.hits_after_prefill:
+            cache += ", hits after prefill"
         arrive = (
             f"closed loop of {self.concurrency}"
             if self.arrivals == "closed"
@@ -66,15 +75,22 @@ def _blocks(tokens: float, block_size: int) -> int:
 def configs(cell: Cell, base: EmulatorConfig | None = None) -> list[EmulatorConfig]:
     """The cell's fleet. A tight cache holds the fraction of the hot prefixes it names, plus one
     whole miss and the questions of the requests it runs at once (so nothing is refused)."""
-    base = base or EmulatorConfig()
+    base = replace(
+        base or EmulatorConfig(),
+        cache_config_info=cell.cache_info,
+        hits_after_prefill=cell.hits_after_prefill,
+    )
+    if cell.max_num_seqs is not None:
+        base = replace(base, max_num_seqs=cell.max_num_seqs)
     if cell.cache != "roomy" and cell.hot:
         bs = base.block_size
         per = cell.prefix_tokens + cell.question_tokens
         one = _blocks(per + cell.max_tokens, bs)
         held = max(_blocks(_FRACTION[cell.cache] * cell.hot * per, bs), one)
-        running = math.ceil(cell.concurrency / cell.instances) * _blocks(
-            cell.question_tokens + cell.max_tokens, bs
-        )
+        slots = math.ceil(cell.concurrency / cell.instances)
+        if cell.max_num_seqs is not None:
+            slots = min(slots, cell.max_num_seqs)
+        running = slots * _blocks(cell.question_tokens + cell.max_tokens, bs)
         base = replace(base, num_gpu_blocks_override=1 + held + running)
     return fleet_configs(cell.instances, dict(cell.slow), prefix_caching=cell.caching, base=base)
 
@@ -155,12 +171,26 @@ def workload(cell: Cell) -> Workload:
 
 _BASE = Cell("base")
 _LONG = Cell("long-prompts", hot=1, prefix_tokens=4096, question_tokens=8, requests=64)
+#: Closed-loop waves on a cold fleet: 32 clients start together as the gateway becomes ready, the
+#: next wave arrives as the first completes; a slow card, 8 slots each, caches holding about half of
+#: the 8 hot ~3,000-token system prompts.
+_WAVES = Cell(
+    "waves, cold, half cache",
+    prefix_tokens=3000,
+    requests=320,
+    concurrency=32,
+    cache="half",
+    max_num_seqs=8,
+)
 
 #: Each axis varied from the base cell, plus the long-prompt load and mixed traffic.
 QUICK: tuple[Cell, ...] = (
     _LONG,
     replace(_LONG, name="long-prompts, caching off", caching=False),
     replace(_BASE, name="8 hot, half cache", cache="half"),
+    _WAVES,
+    replace(_WAVES, name="waves, cold, half cache, no cache_config_info", cache_info=False),
+    replace(_WAVES, name="waves, cold, half cache, hits after prefill", hits_after_prefill=True),
     replace(_BASE, name="32 hot, quarter cache", hot=32, cache="quarter", requests=256),
     replace(_BASE, name="8 hot, poisson, 2 slow 4x", arrivals="poisson", slow=((2, 4.0), (3, 4.0))),
     Cell(

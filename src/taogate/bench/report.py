@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from taogate.bench.runner import Sample
+from taogate.settings import instance_label
 
 __all__ = [
     "IMBALANCE_RATIO",
@@ -21,6 +22,7 @@ __all__ = [
     "InstanceShare",
     "Summary",
     "compare",
+    "instance_labels",
     "load_spread",
     "percentile",
     "ratio",
@@ -222,3 +224,14 @@ def compare(summary: Summary, baseline: Summary) -> dict[str, float]:
         "p99_ttft": ratio(summary.ttft.p99, baseline.ttft.p99),
         "throughput": ratio(summary.prompt_tokens_per_s, baseline.prompt_tokens_per_s),
     }
+
+
+def instance_labels(urls: Sequence[str]) -> list[str]:
+    """``instance_label`` of each URL; a URL given twice is told apart as host:port#2, #3, ..."""
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    for url in urls:
+        label = instance_label(url)
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return out

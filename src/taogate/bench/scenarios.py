@@ -27,7 +27,7 @@ import httpx
 from taogate.app import serve_gateway
 from taogate.bench.isolated import fleet_process, fleet_stats, gateway_process
 from taogate.bench.procs import rss_bytes
-from taogate.bench.report import Summary, summarize
+from taogate.bench.report import Summary, instance_labels, summarize
 from taogate.bench.runner import Run, Sample, Target, run_load
 from taogate.bench.workloads import Workload
 from taogate.emulator.config import EmulatorConfig
@@ -281,9 +281,11 @@ async def run_scenario(
     max_seconds: float = 300.0,
     on_sample: SampleHook | None = None,
     isolated: bool = False,
+    names: Sequence[str] | None = None,
 ) -> Outcome:
-    """Run ``workload`` under ``scenario``: on a fresh emulated fleet (``configs``) or real ``urls``;
-    ``isolated``: the emulated fleet and the gateway in processes of their own."""
+    """Run ``workload`` under ``scenario``: on a fresh emulated fleet (``configs``) or real ``urls``
+    (named ``names``, else host:port as everywhere); ``isolated``: the emulated fleet and the
+    gateway in processes of their own."""
     load: dict[str, Any] = {
         "headers": headers,
         "max_requests": max_requests,
@@ -293,7 +295,7 @@ async def run_scenario(
     if configs is None:
         if urls is None or scenario.kind == "pooled":
             raise ValueError(f"scenario {scenario.label!r} needs emulator configs")
-        names = [f"i{n}" for n in range(len(urls))]
+        names = list(names or instance_labels(urls))
         before = await prefix_counters(urls)
         admin = None
         if scenario.kind == "direct":

@@ -31,7 +31,7 @@ from dataclasses import replace
 from .policy import Policy
 from .types import Decision, InstanceView, Refuse, RequestFacts, Send, Wait
 
-__all__ = ["decide", "retry_after_seconds"]
+__all__ = ["candidates", "decide", "retry_after_seconds"]
 
 
 def decide(
@@ -46,13 +46,7 @@ def decide(
         return Refuse("model_not_found")
 
     usable = [v for v in views if v.available and v.serves(model) and v.name not in exclude]
-    own = ("long", "any") if req.long else ("short", "any")
-    primaries = [v for v in usable if not v.overflow]
-    eligible = [v for v in primaries if v.role in own]
-    fallback = False
-    if not eligible and primaries:
-        eligible, fallback = primaries, True
-
+    eligible, fallback = _channel(req, usable)
     room = [v for v in eligible if v.has_room]
     if room:
         send = policy.choose(req, room, [v.name for v in eligible])
@@ -67,6 +61,24 @@ def decide(
     if eligible or overflow:
         return Wait()
     return Refuse("no_instance")
+
+
+def _channel(req: RequestFacts, usable: Sequence[InstanceView]) -> tuple[list[InstanceView], bool]:
+    """The primaries in the request's channel, or all primaries (``True``) when it has none."""
+    own = ("long", "any") if req.long else ("short", "any")
+    primaries = [v for v in usable if not v.overflow]
+    eligible = [v for v in primaries if v.role in own]
+    if not eligible and primaries:
+        return primaries, True
+    return eligible, False
+
+
+def candidates(
+    req: RequestFacts, views: Sequence[InstanceView], exclude: Collection[str] = frozenset()
+) -> list[InstanceView]:
+    """The instances ``decide`` hands to the policy for ``req``: eligible, in its channel, with room."""
+    usable = [v for v in views if v.available and v.serves(req.model) and v.name not in exclude]
+    return [v for v in _channel(req, usable)[0] if v.has_room]
 
 
 def retry_after_seconds(

@@ -11,11 +11,15 @@ model replays that at the gateway, by prefix key and token volume:
   the instance's own cache, never by traffic).
 * ``finished``: vLLM frees a request's blocks tail first to the fresh end of its LRU: the
   anonymous part, then the prefix, move to the most recent end, unpinned.
-* ``expected_hit``: a key we sent here is a hit from the moment it was sent, not from its first
-  token: vLLM caches blocks when it *schedules* them, and a request queued behind the first
-  prefill of its prefix on the same instance is admitted after it (FIFO) and hits. Across
-  instances nothing is shared, and a key never sent here is no hit. At most ``(prompt - 1) //
-  block_size`` blocks hit (vLLM recomputes the last token), scaled by ``trust``.
+* ``expected_hit``: a key is a hit here only once this engine has computed it: a first token of a
+  request that carried it here (``computed``), or an answer whose ``cached_tokens`` shows a hit. A
+  key only *sent* here is no hit yet: its followers are priced at their whole prompt, and the
+  lease books them at that cost, until the evidence arrives. vLLM does hit a follower queued
+  behind its leader on the same instance (it caches blocks when it schedules them), but an engine
+  that makes blocks hittable only when their prefill completes does not, and a price that assumes
+  the hit piles every follower of a burst onto an instance that has not computed the prefix yet.
+  Across instances nothing is shared, and a key never computed here is no hit. At most ``(prompt
+  - 1) // block_size`` blocks hit (vLLM recomputes the last token), scaled by ``trust``.
 * ``trust``: how much of what the model predicted the engine really hit, an EWMA of actual over
   predicted hit tokens, from each answer's ``cached_tokens`` when vLLM reports it, else from the
   instance's ``vllm:prefix_cache_hits`` counter against the predictions made since the last scrape.
@@ -45,6 +49,7 @@ class _Entry:
     reusable: bool  # a prefix key's blocks (a later request may hit them), or an anonymous remainder
     pinned: int = 0  # our requests using it now
     uses: int = 0  # dispatches that used it
+    computed: bool = False  # the engine has computed it (evidence seen since it entered the model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,12 @@ class PrefixCacheModel:
         return min(max(0, prefix_tokens), max(0, prompt_tokens - 1)) // bs * bs
 
     def holds(self, key: int) -> bool:
+        """Whether the engine has computed this key's prefix and the model still holds it."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.reusable and entry.computed
+
+    def sent(self, key: int) -> bool:
+        """Whether the model holds this key at all: computed, or only sent and not yet confirmed."""
         entry = self._entries.get(key)
         return entry is not None and entry.reusable
 
@@ -100,9 +111,9 @@ class PrefixCacheModel:
         return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
 
     def pinned_hit(self, key: int | None, prefix_tokens: int, prompt_tokens: int) -> float:
-        """``expected_hit`` for a key one of our requests is using here right now (sent, not done)."""
+        """``expected_hit`` for a computed key one of our requests is using here right now."""
         entry = self._entries.get(key) if key is not None else None
-        if entry is None or not entry.reusable or not entry.pinned:
+        if entry is None or not entry.reusable or not entry.pinned or not entry.computed:
             return 0.0
         return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
 
@@ -152,6 +163,12 @@ class PrefixCacheModel:
         self._evict()
         return Ticket(key, anon, predicted)
 
+    def computed(self, ticket: Ticket) -> None:
+        """The engine computed this request's prefix (its first token came): later ones may hit it."""
+        entry = self._entries.get(ticket.key) if ticket.key is not None else None
+        if entry is not None and entry.reusable:
+            entry.computed = True
+
     def finished(self, ticket: Ticket) -> None:
         """The request ended: its blocks are freed to the fresh end of the LRU, tail first."""
         for name in (ticket.anon, ticket.key):
@@ -167,6 +184,7 @@ class PrefixCacheModel:
     def observe_cached(self, ticket: Ticket, cached_tokens: int) -> None:
         """The engine said how many prompt tokens this request found cached (exact evidence)."""
         self._exact = True
+        self.computed(ticket)  # an answer with usage: its prompt was prefilled
         if ticket.predicted > 0:  # the prediction rests on estimated token counts: a few % off
             self._learn(cached_tokens / (0.95 * ticket.predicted))
         elif cached_tokens > 0 and self.trust < 1.0:  # a hit we did not predict: the cache holds more

@@ -23,6 +23,15 @@ prefix stays on as few instances as its load needs and spreads only when a holde
 markedly more than prefilling it elsewhere (the hold below), and on a tight cache only when that
 is worth the eviction too.
 
+A prefix is a hit on an instance only once that engine has computed it (``CacheView.hit``: a first
+token, an answer, a KV event). An instance where it was only *sent* (our requests with the key in
+flight there, no evidence yet) prices a follower at its whole prompt and books it at that cost, so
+a burst on a prefix no engine has computed spreads as its load needs; it still counts as a holder
+below (without the miss's eviction term: its prefix is placed there already), so a follower joins
+its leader while that costs no more than the hold allows. On vLLM, which caches blocks as it
+schedules them, such a follower hits; on an engine that caches a prompt only when its prefill
+completes it does not, and neither the price nor the booking assumed it would.
+
 * the cheapest candidate has the prefix: ``affinity_hit``;
 * else the cheapest holder, if its cost is within ``hold_ratio`` of the best's (plus
   ``affinity_slack`` seconds): ``affinity_hit``; failing that the best (``affinity_override``),
@@ -73,6 +82,12 @@ def _next_after(names: Sequence[str], last: str | None) -> str:
             if name > last:
                 return name
     return ordered[0]
+
+
+def _following(key: int | None, view: InstanceView) -> bool:
+    """Whether our requests with this prefix key are in flight on ``view`` (its prefix sent there,
+    perhaps not computed yet): a follower is placed with them, priced at its whole prompt."""
+    return key is not None and view.cache is not None and view.cache.inflight(key) > 0
 
 
 class RoundRobin:
@@ -193,6 +208,40 @@ class LeastBusy:
         inflight = sum(v.cache.inflight(key) for v in holders if v.cache is not None)
         return max(1.0, inflight / len(holders))
 
+    def price(
+        self, req: RequestFacts, candidates: Sequence[InstanceView]
+    ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """(expected hit, prefill work, cost, expected TTFT) of ``req`` on each candidate, as
+        ``choose`` ranks them with affinity: a miss also pays what it evicts, less its share of a
+        hot prefix's new copy."""
+        prompt = req.prompt_tokens
+        hits = [v.cache.hit(req) if v.cache is not None else 0.0 for v in candidates]
+        work = [max(1.0, prompt - h) for h in hits]
+        costs, ttfts = self._costs(req, candidates, work)
+        occupied = prompt + (req.max_tokens or self.load.decode_horizon)
+        share = self._sharers(req.prefix_key, candidates, hits)
+        saved = max(hits)
+        for j, v in enumerate(candidates):
+            if hits[j] <= 0.0 and v.cache is not None and not _following(req.prefix_key, v):
+                speed = max(v.speed, 1e-9)
+                lost = v.cache.eviction_cost(occupied)
+                # A new copy of a hot prefix serves the requests that will share it there: its
+                # prefill is theirs as much as this one's. What it evicts is lost for all of them.
+                costs[j] += lost / speed - saved * (1.0 - 1.0 / share) / speed
+        return hits, work, costs, ttfts
+
+    def without_affinity(
+        self, req: RequestFacts, candidates: Sequence[InstanceView]
+    ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """``price`` when the request has no prefix to place (or affinity is off): no hits."""
+        work = [float(req.prompt_tokens)] * len(candidates)
+        return ([0.0] * len(candidates), work, *self._costs(req, candidates, work))
+
+    def uses_cache(self, req: RequestFacts, candidates: Sequence[InstanceView]) -> bool:
+        """Whether ``choose`` prices ``req`` by each candidate's cache (affinity, a prefix, a cache)."""
+        keyless = req.prefix_key is None and req.blocks is None
+        return self.affinity and not keyless and any(v.cache is not None for v in candidates)
+
     def choose(
         self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
     ) -> Send | None:
@@ -206,23 +255,12 @@ class LeastBusy:
             best = candidates[self._pick(candidates, costs, ttfts)]
             return Send(best.name, "least_load", work=prompt)
 
-        hits = [v.cache.hit(req) if v.cache is not None else 0.0 for v in candidates]
-        work = [max(1.0, prompt - h) for h in hits]
-        costs, ttfts = self._costs(req, candidates, work)
-        occupied = prompt + (req.max_tokens or self.load.decode_horizon)
-        share = self._sharers(req.prefix_key, candidates, hits)
-        saved = max(hits)
-        for j, v in enumerate(candidates):
-            if hits[j] <= 0.0 and v.cache is not None:
-                speed = max(v.speed, 1e-9)
-                lost = v.cache.eviction_cost(occupied)
-                # A new copy of a hot prefix serves the requests that will share it there: its
-                # prefill is theirs as much as this one's. What it evicts is lost for all of them.
-                costs[j] += lost / speed - saved * (1.0 - 1.0 / share) / speed
+        hits, work, costs, ttfts = self.price(req, candidates)
         i = self._pick(candidates, costs, ttfts, req.prefix_key)
         if hits[i] > 0.0:
             return Send(candidates[i].name, "affinity_hit", work=round(work[i]))
-        held = [(costs[j], j) for j in range(len(candidates)) if hits[j] > 0.0]
+        key = req.prefix_key
+        held = [(costs[j], j) for j, v in enumerate(candidates) if hits[j] > 0.0 or _following(key, v)]
         if not held:
             return Send(candidates[i].name, "least_load", work=round(work[i]))
         cost, j = min(held)

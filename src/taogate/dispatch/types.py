@@ -118,6 +118,8 @@ class RequestFacts:
     max_tokens: int | None = None  # the request's output limit, when it gives one
     priority: int = 0  # vLLM's priority class: lower values leave the gateway queue first
     blocks: PromptBlocks | None = None  # its token ids' block hashes (precise mode), else None
+    tenant: str = ""  # the client key's name: the gateway queue's fair share between keys
+    receipt: bool = False  # the client (or [dispatch] route_receipt) asked why it goes where it goes
 
 
 @dataclass(slots=True)

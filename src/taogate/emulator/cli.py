@@ -2,7 +2,8 @@
 
 Flags mirror vLLM's where one exists (``--model``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
 ``--max-model-len``, ``--enable-prefix-caching``, ``--block-size``, ``--enable-prompt-tokens-details``,
-``--enable-request-id-headers``); the rest shape the engine model (``--slowdown``,
+``--enable-request-id-headers``; prefix caching is on unless ``--no-enable-prefix-caching``, as the
+README recommends for vLLM); the rest shape the engine model (``--slowdown``,
 ``--prefill-tps``, ...) or inject faults. ``--fleet N`` starts N instances on ports START..START+N-1
 (free ports if START is 0) and ``--slow INDEX=FACTOR`` makes instance INDEX a slow card. Prints
 ``emulator ready URL`` per instance once listening, logs one line per request (grep the tag), and exits
@@ -92,7 +93,12 @@ def emulate(
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Max requests running at once.")] = 32,
     max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Token budget per engine step.")] = 2048,
     max_model_len: Annotated[int, typer.Option(min=1, help="Context length.")] = 32_768,
-    enable_prefix_caching: Annotated[bool, typer.Option(help="Reuse KV of shared prompt prefixes.")] = False,
+    enable_prefix_caching: Annotated[
+        bool,
+        typer.Option(
+            help="Reuse the KV of shared prompt prefixes (on, as recommended for vLLM and as bench assumes)."
+        ),
+    ] = True,
     slowdown: Annotated[float, typer.Option(min=0.01, help="Multiply every step's duration.")] = 1.0,
     prefill_tps: Annotated[float, typer.Option(min=1, help="Prefill speed, tokens/s.")] = 20_000.0,
     decode_tps: Annotated[float, typer.Option(min=1, help="Decode cost, tokens/s per batch.")] = 3_200.0,

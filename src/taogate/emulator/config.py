@@ -109,6 +109,11 @@ class EmulatorConfig:
     seed: int = 0
     records_kept: int = 1_000
     responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE=1: /v1/responses keeps responses
+    # /metrics carries vllm:cache_config_info (vLLM always does; off: a server that hides its cache shape).
+    cache_config_info: bool = True
+    # A prompt's blocks become hittable only once its prefill completes (vLLM caches them when it
+    # schedules them, so a follower queued behind its leader hits; some engines and emulators do not).
+    hits_after_prefill: bool = False
 
     def __post_init__(self) -> None:
         positive = {

@@ -17,8 +17,9 @@ request never stalls or gets preempted; blocks are then *taken* only as tokens e
 ``kv_cache_usage`` grows with prefill and decode as in vLLM. (vLLM over-admits and preempts instead;
 reservation keeps the model simple and its invariants provable.) With prefix caching on, every block
 that a step fills (prompt or generated tokens) is cached when the step is *scheduled*, as vLLM does:
-a request admitted later, even in the same step, hits it; ``take_events`` returns vLLM's KV events
-for what was cached and evicted (``kv_cache``).
+a request admitted later, even in the same step, hits it (``hits_after_prefill``: a prompt's blocks
+only once its prefill completes, as some engines do); ``take_events`` returns vLLM's KV events for
+what was cached and evicted (``kv_cache``).
 
 Defaults (see ``EmulatorConfig``), chosen to give a healthy card's shape (benchmarks/emulator_figures.py
 shows it in real time):
@@ -79,6 +80,7 @@ class EngineConfig:
     num_kv_blocks: int
     enable_prefix_caching: bool
     kv_events: bool = False
+    hits_after_prefill: bool = False  # prompt blocks hittable only once the whole prefill is done
 
     @classmethod
     def from_emulator(cls, config: EmulatorConfig) -> EngineConfig:
@@ -93,6 +95,7 @@ class EngineConfig:
             num_kv_blocks=config.num_kv_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
             kv_events=config.kv_events_endpoint is not None,
+            hits_after_prefill=config.hits_after_prefill,
         )
 
     def step_duration(self, prefill_tokens: int, decode_tokens: int) -> float:
@@ -262,7 +265,7 @@ class Engine:
                 prefill.append((seq.request_id, chunk))
                 budget -= chunk
                 self._grow(seq, seq.num_computed + chunk)
-                self._cache(seq, seq.num_computed + chunk)
+                self._cache_scheduled(seq, seq.num_computed + chunk)
         while budget > 0 and self._waiting and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting[0]
             if not self._admit(seq):
@@ -273,7 +276,7 @@ class Engine:
             prefill.append((seq.request_id, chunk))
             budget -= chunk
             self._grow(seq, seq.num_computed + chunk)
-            self._cache(seq, seq.num_computed + chunk)  # a later admission in this step hits it
+            self._cache_scheduled(seq, seq.num_computed + chunk)  # a later admission in this step hits it
         self._waiting_after_step = len(self._waiting)
         if not decode and not prefill:
             return None
@@ -289,6 +292,8 @@ class Engine:
                 continue  # aborted while the step ran
             seq.num_computed += chunk
             if not seq.prefilling:
+                if self.config.hits_after_prefill:
+                    self._cache(seq, len(seq.prompt))
                 outputs.append(self._sample(seq))
         for rid in plan.decode:
             seq = self._running.get(rid)
@@ -346,6 +351,11 @@ class Engine:
         for i in range(max(start, n), end):
             out.append(Tokenizer.generated_id(Tokenizer.generated_word(prompt, i - n)))
         return out
+
+    def _cache_scheduled(self, seq: _Seq, tokens: int) -> None:
+        """Prompt blocks scheduled now: cached at once as vLLM does, or at the prefill's end."""
+        if not self.config.hits_after_prefill:
+            self._cache(seq, tokens)
 
     def _cache(self, seq: _Seq, tokens: int) -> None:
         """Cache the blocks that ``tokens`` tokens (scheduled now) fill, prompt or generated."""

@@ -137,12 +137,13 @@ class EmulatorMetrics:
             registry=r,
         )
         self._kv = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        Gauge(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            list(_cache_labels(config)),
-            registry=r,
-        ).labels(**_cache_labels(config)).set(1.0)
+        if config.cache_config_info:
+            Gauge(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                list(_cache_labels(config)),
+                registry=r,
+            ).labels(**_cache_labels(config)).set(1.0)
         self._pc_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         ).labels(*bound)

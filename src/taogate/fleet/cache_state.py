@@ -4,10 +4,12 @@
 
 * precise (the instance publishes KV events and the request's token ids are known): its longest
   run of leading blocks in the index, times the block size. While the index is not trusted (just
-  subscribed, or after lost events) it only under-reports, so the modelled hit is the floor. Our
-  own requests sent there and not answered are hits too (``pinned_hit``): the engine caches their
-  blocks when it schedules them, and their events arrive a step later.
-* approximate: the model's ``expected_hit`` (``dispatch.cache_model``).
+  subscribed, or after lost events) it only under-reports, so the modelled hit is the floor. While
+  trusted, the floor is our own running requests whose prefix the engine has computed
+  (``pinned_hit``: their blocks cannot be evicted, and their events may be a step late). A prefix
+  only sent there, with no first token yet, is no hit: the index shows it once the engine stores it.
+* approximate: the model's ``expected_hit`` (``dispatch.cache_model``), which likewise counts a
+  prefix only once the engine has computed it (a first token, or ``cached_tokens``).
 * no cache at all when the instance says its prefix caching is off (``caching``): dispatch then
   works there as with affinity off.
 
@@ -59,6 +61,19 @@ class InstanceCache:
     def inflight(self, key: int) -> int:
         return self.model.inflight(key)
 
+    def evidence(self, req: RequestFacts) -> str:
+        """What says this instance holds ``req``'s prefix (the route receipt's word for it):
+        ``kv_event``, ``computed`` (a first token or an answer here), ``sent`` (not computed yet,
+        so no hit is priced), or ``none``."""
+        index, blocks, key = self.index, req.blocks, req.prefix_key
+        if index is not None and blocks is not None and index.usable:
+            indexed = index.cached_run(blocks.hashes(index.block_size))
+            if indexed > 0:
+                return "kv_event"
+        if key is None:
+            return "none"
+        return "computed" if self.model.holds(key) else "sent" if self.model.sent(key) else "none"
+
     # -- evidence ----------------------------------------------------------------------------------
     def configure(self, config: CacheConfig | None) -> None:
         """The instance's cache shape from its latest scrape (None: not exposed, keep the defaults)."""
@@ -93,6 +108,10 @@ class InstanceCache:
         out = req.max_tokens if req.max_tokens is not None else 16
         key = req.prefix_key
         return self.model.dispatched(key, req.prefix_tokens if key is not None else 0, req.prompt_tokens, out)
+
+    def computed(self, ticket: Ticket) -> None:
+        """A request sent here has its first token: the engine has computed its prefix."""
+        self.model.computed(ticket)
 
     def finished(self, ticket: Ticket, cached: int | None = None) -> None:
         """The request ended; with ``cached``, the prompt tokens the engine found in its cache."""

@@ -5,8 +5,9 @@
 * ``Send``   → a Lease on that instance, at once;
 * ``Wait``   → every eligible instance is at its cap: join the bounded gateway queue. Whenever a
   slot frees (a lease is released, an instance comes up, a drain ends, config reloads) ``pump()``
-  hands slots to waiters by priority class, arrival order within one, the oldest waiter served at
-  least once every ``oldest_every`` grants (``fleet.priority``), so no request waits while an
+  hands slots to waiters by fair share between client keys, then priority class, arrival order
+  within one, the oldest waiter served at least once every ``oldest_every`` grants
+  (``fleet.priority``), so no request waits while an
   eligible instance has room (work-conserving). Queue full or wait too long → 429 with Retry-After
   from the drain rate;
 * ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none).
@@ -22,13 +23,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from taogate.dispatch.admission import decide, retry_after_seconds
-from taogate.dispatch.policy import Policy, RoundRobin
+from taogate.dispatch.admission import candidates, decide, retry_after_seconds
+from taogate.dispatch.policy import LeastBusy, Policy, RoundRobin
+from taogate.dispatch.receipt import explain
 from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
 from taogate.errors import GatewayError, NoInstance, NotFound, Overloaded
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.lease import Lease
-from taogate.fleet.priority import WaitOrder
+from taogate.fleet.priority import FairOrder
+from taogate.tenancy.fairshare import FairShare
 
 log = logging.getLogger("taogate.dispatch")
 
@@ -38,7 +41,8 @@ class _Waiter:
     facts: RequestFacts
     exclude: frozenset[str]
     future: asyncio.Future[tuple[Lease, Send]]
-    key: tuple[int, int]  # (priority, arrival number): the queue's order
+    key: tuple[int, int]  # (priority, arrival number): the queue's order within its client key
+    tenant: str  # the client key: the queue's fair share between keys
 
 
 @dataclass(slots=True)
@@ -93,7 +97,8 @@ class Dispatcher:
         self.fleet = fleet
         self._rules = QueueRules(policy, queue_size, queue_timeout, oldest_every)
         self._clock = clock
-        self._waiters: WaitOrder[_Waiter] = WaitOrder(oldest_every)
+        self.fair = FairShare()  # tokens served per client key: charged at dispatch, settled at the end
+        self._waiters: FairOrder[_Waiter] = FairOrder(oldest_every, self.fair)
         self._arrivals = itertools.count()
         self._drain = DrainRate()
 
@@ -132,7 +137,9 @@ class Dispatcher:
         views: list[InstanceView] = self.fleet.views(now)
         decision = decide(facts, views, self._rules.policy, exclude)
         if isinstance(decision, Send):
+            receipt = self._receipt(facts, views, decision, exclude) if facts.receipt else None
             inst = self.fleet.get(decision.instance)
+            self.fair.charge(facts.tenant, facts.prompt_tokens)
             trial = inst.breaker.on_dispatch(now)
             ticket = inst.cache.dispatched(facts) if self.fleet.caching and inst.cache.caching else None
             lease = Lease(
@@ -146,8 +153,36 @@ class Dispatcher:
                 work=decision.work,
                 ticket=ticket,
             )
+            lease.receipt = receipt
             return lease, decision
         return decision
+
+    def lease_on(self, name: str, facts: RequestFacts) -> Lease | None:
+        """A lease on the named instance, outside the policy: a proxy in front of the gateway sent
+        the request there itself (the endpoint picker's fallbacks). None: no such instance."""
+        inst = self.fleet.find(name)
+        if inst is None:
+            return None
+        return Lease(
+            inst,
+            facts.prompt_tokens,
+            self._released,
+            sent_at=self._clock(),
+            stream=facts.stream,
+            max_tokens=facts.max_tokens,
+        )
+
+    def _receipt(
+        self, facts: RequestFacts, views: list[InstanceView], send: Send, exclude: frozenset[str]
+    ) -> str:
+        """Why ``send``: the estimates as they stood before the lease booked it (``dispatch.receipt``);
+        a policy that does not estimate is explained with the estimate it ignored."""
+        pricer = self.policy if isinstance(self.policy, LeastBusy) else LeastBusy()
+        room = candidates(facts, views, exclude)
+        evidence = {v.name: self.fleet.get(v.name).cache.evidence(facts) for v in room}
+        line = explain(facts, room, send, pricer, evidence)
+        log.debug("route: %s", line)
+        return line
 
     def could_send(self, facts: RequestFacts, exclude: frozenset[str]) -> bool:
         """Whether some instance outside ``exclude`` can take this request now or after a wait.
@@ -193,7 +228,9 @@ class Dispatcher:
         if len(self._waiters) >= self.queue_size:
             raise self._refusal(Refuse("queue_full"), facts)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(facts, exclude, loop.create_future(), (facts.priority, next(self._arrivals)))
+        waiter = _Waiter(
+            facts, exclude, loop.create_future(), (facts.priority, next(self._arrivals)), facts.tenant
+        )
         self._waiters.add(waiter)
         started = self._clock()
         try:

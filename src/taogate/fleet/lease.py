@@ -36,6 +36,7 @@ class Lease:
         "cached",
         "instance",
         "max_tokens",
+        "receipt",
         "sent_at",
         "stream",
         "ticket",
@@ -62,6 +63,7 @@ class Lease:
         self.work = tokens if work is None else work
         self.ticket = ticket
         self.cached: int | None = None  # prompt tokens the engine served from its cache (its usage)
+        self.receipt: str | None = None  # why it was sent here (``dispatch.receipt``), when asked
         self.trial = trial  # this attempt is the breaker's half-open trial
         self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
         self.sent_at = sent_at
@@ -89,6 +91,8 @@ class Lease:
         self.instance.prefill_tokens -= self.tokens
         self.instance.prefill_work -= self.work
         self.instance.pending.pop(self, None)
+        if self.ticket is not None:  # the engine has computed its prefix: later requests may hit it
+            self.instance.cache.computed(self.ticket)
 
     def release(self) -> None:
         if self._released:

@@ -1,6 +1,6 @@
 """One structured log line per request: grep its id or its tag to find its whole story.
 
-Never the key, never a body: only what dispatch decided and what it cost.
+Never the key (only its name), never a body: only what dispatch decided and what it cost.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ class RequestRecord:
     request_id: str
     route: str
     started: float
+    key: str | None = None  # the client key's name (never the key itself)
     model: str | None = None
     client_tag: str | None = None
     tag: str | None = None
@@ -44,6 +45,7 @@ class RequestRecord:
 _FIELDS = (
     "request_id",
     "route",
+    "key",
     "model",
     "tag",
     "instance",
@@ -94,6 +96,8 @@ def _text_line(rec: RequestRecord) -> str:
     benchmarks/overhead.py); a test holds it to ``_FIELDS``. The request id is already a safe token
     (``proxy.intake.request_id``), the route one of ours."""
     parts = [f"request_id={rec.request_id}", f"route={rec.route}"]
+    if rec.key is not None:  # a configured name: already a safe token
+        parts.append(f"key={rec.key}")
     if rec.model is not None:
         parts.append(f"model={_text(rec.model)}")
     if rec.tag is not None:

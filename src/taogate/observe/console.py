@@ -96,6 +96,33 @@ def _by_reason(counts: Mapping[str, int]) -> str:
 _STYLE = {"slow": "bold red", "down": "bold", "draining": "yellow"}
 
 
+def _of(used: float | None, limit: int | None) -> str:
+    return f"{_num(None if used is None else round(used))} / {'∞' if limit is None else limit}"
+
+
+def keys_table(keys: Sequence[Mapping[str, Any]]) -> Table | None:
+    """The client keys side by side, once there are named ones (alone, the unified key's row would
+    repeat the instances')."""
+    if len(keys) < 2:
+        return None
+    table = Table(title="client keys", caption="window: the current limits window", caption_justify="left")
+    for title in ("key", "in flight", "requests, window", "tokens, window", "requests", "tokens", "refused"):
+        table.add_column(title, justify="left" if title in ("key", "refused") else "right", no_wrap=True)
+    for k in keys:
+        window = k.get("window_used") or {}
+        cap = k.get("max_concurrency")
+        table.add_row(
+            str(k["name"]),
+            f"{k['in_flight']}" + (f" / {cap}" if cap is not None else ""),
+            _of(window.get("requests"), k.get("requests_per_minute")),
+            _of(window.get("tokens"), k.get("tokens_per_minute")),
+            str(k["requests"]),
+            str(k["prompt_tokens"] + k["completion_tokens"]),
+            _by_reason(k.get("rejections") or {}),
+        )
+    return table
+
+
 def status_view(data: Mapping[str, Any], base: str, width: int) -> RenderableType:
     """One ``GET /admin/instances`` answer: the table that fits ``width``, then notes below it."""
     rows: list[Row] = data["instances"]
@@ -124,7 +151,8 @@ def status_view(data: Mapping[str, Any], base: str, width: int) -> RenderableTyp
     hidden = [c.title for c in COLUMNS if c not in columns]
     if hidden:
         notes.append(Text(f"left out to fit {width} columns: {', '.join(hidden)}", style="dim"))
-    return Group(table, *notes)
+    keys = keys_table(data.get("keys") or [])
+    return Group(table, *([keys] if keys is not None else []), *notes)
 
 
 def watch(

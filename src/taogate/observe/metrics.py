@@ -6,7 +6,7 @@ read from the live objects at scrape time by a collector, so it costs nothing pe
 
 Label values are bounded: instance names come from config, tags from ``[prefill] tag`` (or ``none``),
 routes from the route table, models from what the instances serve (``unknown`` otherwise), priority
-classes clamped to 0-9.
+classes clamped to 0-9, client keys from ``[[keys]]`` (and ``unified``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from taogate.fleet.engine import hit_rate
 if TYPE_CHECKING:
     from taogate.fleet.dispatcher import Dispatcher
     from taogate.fleet.fleet import Fleet
+    from taogate.tenancy.limiter import Limiter
 
 #: Priority classes as labels: clamped to 0-9, so a client cannot grow the label set.
 _PRIORITY_LABELS = tuple(str(i) for i in range(10))
@@ -279,3 +280,38 @@ def _kv_index_families(fleet: Fleet) -> Iterable[Metric]:
         usable.add_metric(n, 1.0 if index.usable else 0.0)
         blocks.add_metric(n, len(index))
     yield from (gaps, restarts, trusted, usable, blocks)
+
+
+class KeysCollector(Collector):
+    """Per client key (``[[keys]]`` names and ``unified``), read from the limiter's tallies at
+    scrape time; a revoked key's series go with it."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self._limiter = limiter
+
+    def collect(self) -> Iterable[Metric]:
+        limiter = self._limiter
+        requests = CounterMetricFamily(
+            "taogate_key_requests", "Requests admitted, by client key.", labels=["key"]
+        )
+        tokens = CounterMetricFamily(
+            "taogate_key_tokens", "Tokens used (from usage), by client key and kind.", labels=["key", "kind"]
+        )
+        rejections = CounterMetricFamily(
+            "taogate_key_rejections", "Requests refused, by client key and reason.", labels=["key", "reason"]
+        )
+        in_flight = GaugeMetricFamily(
+            "taogate_key_in_flight", "Requests in flight, by client key.", labels=["key"]
+        )
+        for name, stats in limiter.stats.items():
+            requests.add_metric([name], stats.requests)
+            tokens.add_metric([name, "prompt"], stats.prompt_tokens)
+            tokens.add_metric([name, "completion"], stats.completion_tokens)
+            for reason, n in stats.rejections.items():
+                rejections.add_metric([name, reason], n)
+            in_flight.add_metric([name], stats.in_flight)
+        up = GaugeMetricFamily(
+            "taogate_limits_store_up", "1 while the limits store answers (always 1 for in-process limits)."
+        )
+        up.add_metric([], 1.0 if limiter.store_up else 0.0)
+        return [requests, tokens, rejections, in_flight, up]

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from taogate.dispatch.tokens import MAX_ITEMS
 from taogate.errors import ErrorShape, GatewayError
 
 __all__ = ["ANTHROPIC_ERRORS", "AnthropicErrors", "chat_view", "usage_counts"]
@@ -81,45 +82,80 @@ def _text_of(value: object) -> str:
     return orjson.dumps(value).decode() if value is not None else ""
 
 
-def _block(block: object) -> object:
-    """One content block as the chat part it is rendered as."""
-    if not isinstance(block, Mapping):
-        return block
-    kind = block.get("type")
-    if kind in ("text", "image"):
-        return block
-    if kind == "tool_use":
-        return {"type": "text", "text": _text_of(block.get("name")) + _text_of(block.get("input"))}
-    if kind == "tool_result":
-        content = block.get("content")
-        if isinstance(content, list):
-            return {"type": "text", "text": "".join(_text_of(b.get("text", b)) for b in content if b)}
-        return {"type": "text", "text": _text_of(content)}
-    if kind == "thinking":
-        return {"type": "text", "text": _text_of(block.get("thinking"))}
-    return {"type": "text", "text": _text_of(block)}
+class _View:
+    """Converts blocks while its budget of ``MAX_ITEMS`` lasts (as the chat measure reads at most
+    that many items); what comes after is left as it is, for the measure to extrapolate over."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_ITEMS
+
+    def blocks(self, content: list[Any]) -> list[Any]:
+        take = max(0, min(len(content), self.left))
+        self.left -= take
+        return [self.block(b) for b in content[:take]] + content[take:]
+
+    def block(self, block: object) -> object:
+        """One content block as the chat part it is rendered as."""
+        if not isinstance(block, Mapping):
+            return block
+        kind = block.get("type")
+        if kind in ("text", "image"):
+            return block
+        if kind == "tool_use":
+            return {"type": "text", "text": _text_of(block.get("name")) + _text_of(block.get("input"))}
+        if kind == "tool_result":
+            content = block.get("content")
+            if isinstance(content, list):
+                take = max(1, min(len(content), self.left))
+                self.left -= take
+                return {
+                    "type": "text",
+                    "text": "".join(_text_of(_text_field(b)) for b in content[:take] if b),
+                }
+            return {"type": "text", "text": _text_of(content)}
+        if kind == "thinking":
+            return {"type": "text", "text": _text_of(block.get("thinking"))}
+        return {"type": "text", "text": _text_of(block)}
+
+    def message(self, msg: object) -> object:
+        self.left -= 1
+        if not isinstance(msg, Mapping):
+            return msg
+        content = msg.get("content")
+        if not isinstance(content, list) or all(
+            isinstance(b, Mapping) and b.get("type") == "text" for b in content[: max(1, self.left)]
+        ):
+            return msg
+        return {"role": msg.get("role"), "content": self.blocks(content)}
+
+    def messages(self, messages: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for i, msg in enumerate(messages):
+            if self.left <= 0:
+                return out + messages[i:]
+            out.append(self.message(msg))
+        return out
 
 
-def _message(msg: object) -> object:
-    if not isinstance(msg, Mapping):
-        return msg
-    content = msg.get("content")
-    if not isinstance(content, list) or all(
-        isinstance(b, Mapping) and b.get("type") == "text" for b in content
-    ):
-        return msg
-    return {"role": msg.get("role"), "content": [_block(b) for b in content]}
+def _text_field(item: object) -> object:
+    """A tool result's item: its ``text`` when it is a block, else the item itself."""
+    return item.get("text", item) if isinstance(item, Mapping) else item
 
 
 def chat_view(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The body as the chat request vLLM turns it into: what dispatch measures and keys by."""
-    messages = payload.get("messages")
-    out: list[object] = [_message(m) for m in messages] if isinstance(messages, list) else []
+    """The body as the chat request vLLM turns it into: what dispatch measures and keys by. Its
+    work is bounded as the chat measure's is, whatever the number of messages and blocks."""
+    view = _View()
+    out: list[object] = []
     system = payload.get("system")
     if isinstance(system, str | list) and system:
-        content = system if isinstance(system, str) else [_block(b) for b in system]
-        out.insert(0, {"role": "system", "content": content})
-    view: dict[str, Any] = {"model": payload.get("model"), "messages": out}
+        out.append({"role": "system", "content": system if isinstance(system, str) else view.blocks(system)})
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        out += view.messages(messages)
+    chat: dict[str, Any] = {"model": payload.get("model"), "messages": out}
     if "tools" in payload:
-        view["tools"] = payload["tools"]
-    return "chat", view
+        chat["tools"] = payload["tools"]
+    return "chat", chat

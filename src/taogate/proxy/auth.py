@@ -1,4 +1,5 @@
-"""The unified key: one bearer token for every client, compared in constant time.
+"""The client keys: the unified one, and the named ones of ``[[keys]]`` (``tenancy.keys``), each
+compared in constant time; the check says whose key a request carries.
 
 The client's key authenticates to taogate only: it is never forwarded upstream (each instance gets
 its own configured key, or none) and never logged. On the Anthropic routes it may also come as
@@ -12,27 +13,45 @@ import hmac
 from collections.abc import Iterable
 
 from taogate.errors import Unauthorized
+from taogate.tenancy.keys import KeyTable, Tenant
 
 #: Request headers that carry credentials or describe the client hop; never forwarded upstream.
 CREDENTIAL_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"x-api-key", b"api-key"})
 
 
 class KeyCheck:
-    """Checks ``Authorization: Bearer <key>`` against the unified key (and the admin key)."""
+    """Checks ``Authorization: Bearer <key>`` against the unified key (and the admin key), then the
+    named keys of ``table``."""
 
-    __slots__ = ("_admin", "_expected", "_key")
+    __slots__ = ("_admin", "_expected", "_key", "table")
 
-    def __init__(self, key: str, admin_key: str | None = None) -> None:
+    def __init__(self, key: str, admin_key: str | None = None, table: KeyTable | None = None) -> None:
         self._key = key.encode()
         self._expected = b"Bearer " + self._key
         self._admin = b"Bearer " + (admin_key or key).encode()
+        self.table = table if table is not None else KeyTable(Tenant("unified"), {})
 
-    def check_request(self, headers: list[tuple[bytes, bytes]], *, either: bool) -> None:
-        """The unified key as a bearer token, or with ``either`` also as ``x-api-key``."""
+    def check_request(self, headers: list[tuple[bytes, bytes]], *, either: bool) -> Tenant:
+        """Whose key: the unified key, or a named one, as a bearer token, or with ``either`` also as
+        ``x-api-key``."""
+        authorization = header(headers, b"authorization")
+        api_key = header(headers, b"x-api-key") if either else None
+        if authorization is not None and hmac.compare_digest(authorization, self._expected):
+            return self.table.unified
+        if api_key is not None and hmac.compare_digest(api_key, self._key):
+            return self.table.unified
+        if self.table.named:
+            presented = api_key
+            if authorization is not None and authorization[:7].lower() == b"bearer ":
+                presented = authorization[7:]
+            tenant = self.table.find(presented) if presented else None
+            if tenant is not None:
+                return tenant
         if either:
-            self.check_either(header(headers, b"authorization"), header(headers, b"x-api-key"))
+            self.check_either(authorization, api_key)
         else:
-            self.check(header(headers, b"authorization"))
+            self.check(authorization)
+        raise AssertionError("unreachable: the unified key's checks raise for any other key")
 
     def check_either(self, authorization: bytes | None, api_key: bytes | None) -> None:
         """Raise Unauthorized unless ``x-api-key`` or the bearer token carries the unified key."""

@@ -19,7 +19,7 @@ from taogate.fleet.load_report import REQUEST_HEADER as LOAD_REPORT
 from taogate.proxy.intake import Incoming
 from taogate.proxy.multipart import StreamedBody
 from taogate.proxy.priority import VLLM_HEADER
-from taogate.proxy.responses import ResponseIds
+from taogate.proxy.responses import ResponseIds, checked_id
 from taogate.proxy.routes import RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.splice import with_fields
 from taogate.proxy.upstream import downstream_headers
@@ -45,10 +45,13 @@ class Forward:
     ask_load: bool = False
 
     def answer_headers(
-        self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str
+        self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str, receipt: str | None = None
     ) -> list[tuple[bytes, bytes]]:
-        """The answer's headers for the client (``downstream_headers``)."""
-        return downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
+        """The answer's headers for the client (``downstream_headers``), with the route receipt if any."""
+        out = downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
+        if receipt:
+            out.append((b"x-taogate-route", receipt.encode("ascii", "replace")))
+        return out
 
     def to(self, spec: InstanceSpec) -> tuple[list[tuple[bytes, bytes]], bytes | StreamedBody]:
         headers, body = self.headers, self.body
@@ -110,8 +113,9 @@ def item_id(path: bytes) -> str:
 
 
 def chosen_request_id(payload: dict[str, Any]) -> str | None:
+    """The response id the client chose, if any (a 400 past ``MAX_ID_BYTES``)."""
     value = payload.get("request_id")
-    return value if isinstance(value, str) and value else None
+    return checked_id(value) if isinstance(value, str) and value else None
 
 
 def plan(

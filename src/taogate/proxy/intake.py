@@ -7,10 +7,11 @@ text for the size estimate and the prefix key), never re-serialised.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from starlette.types import Receive
@@ -19,10 +20,10 @@ from taogate.dispatch.prefix import shared_prefix
 from taogate.dispatch.token_ids import PromptTokenizer
 from taogate.dispatch.tokens import ExactCounter, PromptSize, TokenEstimator, prompt_size
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import BadRequest, BodyTooLarge, RequestTimeout, UnsupportedEncoding
+from taogate.errors import BadRequest, BodyTooLarge, UnsupportedEncoding
 from taogate.proxy.auth import header
 from taogate.proxy.deadlines import Deadlines
-from taogate.proxy.multipart import ClientLeft, StreamedBody
+from taogate.proxy.multipart import ClientLeft, StreamedBody, late
 from taogate.proxy.priority import HEADER, VLLM_HEADER, resolve
 from taogate.proxy.routes import Route
 from taogate.settings import Settings
@@ -59,9 +60,7 @@ async def read_body(
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if deadlines.expired() and task is not None and task.uncancel() == 0:
-            raise RequestTimeout(
-                f"The request body was not received within {within:g}s ([gateway] body_timeout)."
-            ) from None
+            raise late(within) from None
         raise
     finally:
         deadlines.done()
@@ -110,6 +109,23 @@ def parse_json_object(body: bytes, max_items: int = 1_000_000) -> dict[str, Any]
     return payload
 
 
+#: How deep the gateway's own reading of a body goes: orjson parses 1,024 levels but writes 254.
+MAX_DEPTH: Final = 254
+
+
+@contextlib.contextmanager
+def nesting_bound() -> Iterator[None]:
+    """The gateway's own reading of a parsed body (views, size, prefix key, precise blocks): a part
+    it serialises or walks that nests deeper than ``MAX_DEPTH`` is the client's 400, not a 500. The
+    rule is checked where the depth is met, so a normal body pays nothing for it."""
+    try:
+        yield
+    except (orjson.JSONEncodeError, RecursionError):
+        raise BadRequest(
+            f"The request body nests JSON deeper than {MAX_DEPTH} levels.", code="too_deeply_nested"
+        ) from None
+
+
 def model_of(route: Route, payload: dict[str, Any]) -> str | None:
     model = payload.get("model")
     if model is None:
@@ -153,6 +169,11 @@ def request_facts(
     )
 
 
+def wants_receipt(headers: list[tuple[bytes, bytes]], settings: Settings) -> bool:
+    """``X-Taogate-Route: 1`` on the request, or ``[dispatch] route_receipt`` for every request."""
+    return settings.dispatch.route_receipt or (header(headers, b"x-taogate-route") or b"").strip() == b"1"
+
+
 @dataclass(frozen=True, slots=True)
 class Incoming:
     """What the pipeline needs of one request, read once from its headers and body."""
@@ -193,9 +214,12 @@ class Intake:
         self._blocks = blocks  # precise prefix-cache dispatch: the request's own token ids
         self._scope = scope
 
-    async def read(self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+    async def read(
+        self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive, ceiling: int = 0
+    ) -> Incoming:
+        """``ceiling``: the most urgent priority class the client's key may claim."""
         if route.body == "multipart":
-            return await self.read_upload(headers, receive)
+            return await self.read_upload(headers, receive, ceiling)
         settings = self._settings
         encoding = header(headers, b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
@@ -207,22 +231,31 @@ class Intake:
         length = header(headers, b"content-length")
         body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
         if route.body == "none":
-            facts = RequestFacts(None, 1, False, priority=resolve(*self._classes(headers), None, "none")[0])
+            priority = resolve(*self._classes(headers), None, "none", ceiling)[0]
+            facts = RequestFacts(None, 1, False, priority=priority)
             return Incoming(body, None, facts, PromptSize(), self._tag(headers, False))
         payload = parse_json_object(body, g.max_json_items)
         model = model_of(route, payload)
-        priority, tell = resolve(*self._classes(headers), payload, route.priority)
-        facts, size = request_facts(
-            route, payload, model, tokens=self.tokens, settings=settings, exact=self._exact, priority=priority
-        )
-        if self._blocks is not None and self._scope is not None and facts.prefix_key is not None:
-            sizes, cap = self._scope()  # precise mode's hook: vLLM's block hashes of the prompt
-            if sizes:
-                make = self._blocks.blocks
-                if len(body) > THREAD_BYTES:
-                    facts.blocks = await asyncio.to_thread(make, route.kind, payload, sizes, cap)
-                else:
-                    facts.blocks = make(route.kind, payload, sizes, cap)
+        priority, tell = resolve(*self._classes(headers), payload, route.priority, ceiling)
+        with nesting_bound():
+            facts, size = request_facts(
+                route,
+                payload,
+                model,
+                tokens=self.tokens,
+                settings=settings,
+                exact=self._exact,
+                priority=priority,
+            )
+            facts.receipt = wants_receipt(headers, settings)
+            if self._blocks is not None and self._scope is not None and facts.prefix_key is not None:
+                sizes, cap = self._scope()  # precise mode's hook: vLLM's block hashes of the prompt
+                if sizes:
+                    make = self._blocks.blocks
+                    if len(body) > THREAD_BYTES:
+                        facts.blocks = await asyncio.to_thread(make, route.kind, payload, sizes, cap)
+                    else:
+                        facts.blocks = make(route.kind, payload, sizes, cap)
         return Incoming(body, model, facts, size, self._tag(headers, facts.long), payload, tell)
 
     @staticmethod
@@ -244,17 +277,19 @@ class Intake:
             tag = tag + b"," + long_tag if tag else long_tag
         return tag
 
-    async def read_upload(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> Incoming:
+    async def read_upload(
+        self, headers: list[tuple[bytes, bytes]], receive: Receive, ceiling: int = 0
+    ) -> Incoming:
         """A multipart form: only its head, for the ``model`` field (``proxy.multipart``)."""
         limit = self._settings.gateway.max_body_bytes
         declared = header(headers, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(limit)
-        upload = StreamedBody(receive, limit)
+        upload = StreamedBody(receive, limit, self._settings.gateway.body_timeout)
         try:
             model = await upload.read_model(header(headers, b"content-type"))
         except ClientLeft:
             raise ClientGone from None
-        priority = resolve(*self._classes(headers), None, "none")[0]
+        priority = resolve(*self._classes(headers), None, "none", ceiling)[0]
         facts = RequestFacts(model, 1, False, priority=priority)
         return Incoming(b"", model, facts, PromptSize(), self._tag(headers, False), upload=upload)

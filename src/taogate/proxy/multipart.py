@@ -4,19 +4,24 @@ Only the head of the form is read before dispatch, to find its ``model`` field: 
 writes the data fields before the file, so ``model`` is usually there within the first few hundred
 bytes. Reading stops at the first file part (or after ``HEAD_LIMIT`` bytes); a form whose ``model``
 comes after its file is dispatched without one, as vLLM then serves its default model.
+
+The whole body, head and rest, is due ``body_timeout`` after the gateway starts reading it: every
+read from the client is bounded by that deadline, whoever consumes the body (the form's head before
+dispatch, the upload to the instance after), so a stalled client holds no slot for longer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Final
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.types import Receive
 
-from taogate.errors import BodyTooLarge
+from taogate.errors import BodyTooLarge, RequestTimeout
 
-__all__ = ["HEAD_LIMIT", "ClientLeft", "FormHead", "StreamedBody"]
+__all__ = ["HEAD_LIMIT", "ClientLeft", "FormHead", "StreamedBody", "late"]
 
 HEAD_LIMIT: Final = 64 * 1024
 
@@ -102,22 +107,33 @@ def too_large(limit: int) -> BodyTooLarge:
     return BodyTooLarge(f"Request body exceeds {limit} bytes ([gateway] max_body_bytes).")
 
 
+def late(within: float) -> RequestTimeout:
+    return RequestTimeout(f"The request body was not received within {within:g}s ([gateway] body_timeout).")
+
+
 class StreamedBody:
     """A request body sent upstream as it arrives: the head read before dispatch, then the rest.
 
     ``started`` once an attempt began sending it (another attempt cannot send it again);
-    ``done`` once the client's last byte has been read."""
+    ``done`` once the client's last byte has been read. All of it is due ``within`` seconds after
+    it is created: a read past that raises ``RequestTimeout``."""
 
-    def __init__(self, receive: Receive, limit: int) -> None:
+    def __init__(self, receive: Receive, limit: int, within: float) -> None:
         self._receive = receive
         self._limit = limit
+        self._within = within
+        self._due = asyncio.get_running_loop().time() + within
         self._size = 0
         self._head: list[bytes] = []
         self.started = False
         self.done = False
 
     async def _read(self) -> bytes:
-        message = await self._receive()
+        try:
+            async with asyncio.timeout_at(self._due):
+                message = await self._receive()
+        except TimeoutError:
+            raise late(self._within) from None
         if message["type"] == "http.disconnect":
             raise ClientLeft
         chunk: bytes = message.get("body", b"")

@@ -2,8 +2,8 @@
 
 ::
 
-    auth → intake (body once, facts) → lease on an instance → forward verbatim
-         → relay (bytes as they arrive) → release → learn → account
+    auth (whose key) → intake (body once, facts) → the key's limits → lease on an instance
+         → forward verbatim → relay (bytes as they arrive) → release → learn → account
 
 Retries happen only before the first byte went downstream, never to the instance that just
 failed, within attempts and the retry budget. A client that goes away cancels the work, which
@@ -53,6 +53,7 @@ from taogate.proxy.upstream import (
 )
 from taogate.proxy.usage import usage_of_body
 from taogate.settings import Settings
+from taogate.tenancy.limiter import Admission, Limiter
 
 __all__ = ["Pipeline"]
 
@@ -78,6 +79,9 @@ class Exchange:
     tried: frozenset[str] = frozenset()  # the instances tried so far, this attempt's included
     started: bool = False  # a response has begun downstream: no more retries, no error JSON
     finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
+
+    def last_message(self) -> None:
+        self.finished = True
 
 
 class InFlight:
@@ -105,6 +109,7 @@ class Pipeline:
         *,
         intake: Intake,
         dispatcher: Dispatcher,
+        limiter: Limiter,
         upstream: Upstream,
         accounting: Accounting,
         metrics: GatewayMetrics,
@@ -120,6 +125,7 @@ class Pipeline:
         self.keys = keys
         self.intake = intake
         self.dispatcher = dispatcher
+        self.limiter = limiter
         self.upstream = upstream
         self.accounting = accounting
         self.metrics = metrics
@@ -141,6 +147,11 @@ class Pipeline:
     def accepting(self) -> bool:
         return self.inflight.accepting
 
+    @accepting.setter
+    def accepting(self, value: bool) -> None:
+        """False: new requests are refused (503), under whichever config (a stop, the picker's)."""
+        self.inflight.accepting = value
+
     async def drain(self, grace: float) -> None:
         """Stop taking work; give the requests in flight ``grace`` seconds to finish."""
         inflight = self.inflight
@@ -157,6 +168,7 @@ class Pipeline:
         rid = request_id(header(headers, b"x-request-id"))
         rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
         ex: Exchange | None = None
+        admission: Admission | None = None  # the client key's: held until the very end
         read = False  # the body is in: an error before that closes the connection
         inflight = self.inflight
         inflight.count += 1
@@ -164,12 +176,8 @@ class Pipeline:
         try:
             if not inflight.accepting:
                 raise NoInstance("The gateway is shutting down.", retry_after=1)
-            try:
-                self.keys.check_request(headers, either=route.anthropic)
-            except GatewayError:
-                rec.reject = "auth"
-                raise
-            incoming = await self.intake.read(route, headers, receive)
+            tenant = self.keys.check_request(headers, either=route.anthropic)
+            incoming = await self.intake.read(route, headers, receive, tenant.max_priority)
             read = True
             facts = incoming.facts
             rec.model = incoming.model
@@ -177,7 +185,10 @@ class Pipeline:
             rec.long = facts.long
             rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
-            up_headers = upstream_headers(headers, request_id=rid, tag=incoming.tag)
+            admission, send = await self.limiter.admit(tenant, facts, incoming.model, rec, send)
+            up_headers = upstream_headers(
+                headers, request_id=rid, tag=incoming.tag, client=scope.get("client")
+            )
             ids, fleet = self.responses, self.dispatcher.fleet
             forward, exclude = plan(route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet)
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
@@ -194,8 +205,8 @@ class Pipeline:
         except GatewayError as exc:
             rec.status = exc.status
             rec.error = exc.code
-            if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
-                rec.reject = exc.code
+            if rec.reject is None and exc.status in (400, 401, 404, 405, 408, 413, 415, 429, 503):
+                rec.reject = "auth" if exc.status == 401 else exc.code
             if ex is None or not ex.started:
                 unread = not read or (ex is not None and ex.forward.reading)  # an upload cut short
                 await _send_error(send, route.errors, exc, rid, close=unread)
@@ -212,6 +223,7 @@ class Pipeline:
             inflight.count -= 1
             if not inflight.count:
                 inflight.idle.set()
+            self.limiter.release(admission, rec)
             self.accounting.record(rec)
 
     async def _serve_watching_disconnect(self, ex: Exchange, receive: Receive) -> None:
@@ -382,13 +394,9 @@ class Pipeline:
         now = self.clock()
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook
         ex.rec.ttfb = now - sent_at
-        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
+        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name, lease.receipt)
         ex.started = True
-
-        def last_message() -> None:
-            ex.finished = True
-
-        await send_whole(ex.send, response.status_code, headers, data, last_message)
+        await send_whole(ex.send, response.status_code, headers, data, ex.last_message)
         if response.status_code == 200:
             rec = ex.rec
             rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage(usage_of_body(data))
@@ -400,15 +408,12 @@ class Pipeline:
         502-class failure it is. Returns whether the stream completed."""
         inst = lease.instance
         ex.started = True
-        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name)
+        headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name, lease.receipt)
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
 
         def first_chunk() -> None:
             lease.first_token()
             ex.rec.ttfb = self.clock() - sent_at
-
-        def last_message() -> None:
-            ex.finished = True
 
         cfg = self.settings.gateway
         end = await relay_sse(
@@ -420,7 +425,7 @@ class Pipeline:
             limit=cfg.stream_timeout,
             errors=ex.route.errors,
             on_first_chunk=first_chunk,
-            on_last_message=last_message,
+            on_last_message=ex.last_message,
         )
         rec = ex.rec
         rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage(end.usage)

@@ -10,6 +10,11 @@ Messages API (no field) it goes as ``X-Vllm-Priority``. The client's own ``X-Vll
 goes upstream: the gateway decides what vLLM is told. vLLM 0.32 accepts a non-zero ``priority`` on
 first-come-first-served instances and ignores it, so a body's own field is forwarded as it is
 everywhere rather than rewritten for instances that would not act on it.
+
+A class more urgent than the client key's ``max_priority`` (the ceiling) is lowered to it, not
+refused: a priority is a scheduling hint, and a request that asks too much is still a request (as
+OpenAI answers a ``service_tier`` an account does not have with the tier it has). What a priority
+instance is told is then the ceiling, written after the body's own field so that it wins.
 """
 
 from __future__ import annotations
@@ -61,14 +66,22 @@ def priority_of(header: bytes | None, vllm_header: bytes | None, payload: dict[s
 
 
 def resolve(
-    header: bytes | None, vllm_header: bytes | None, payload: dict[str, Any] | None, where: str
+    header: bytes | None,
+    vllm_header: bytes | None,
+    payload: dict[str, Any] | None,
+    where: str,
+    ceiling: int = 0,
 ) -> tuple[int, int | None]:
     """(the request's class, what a priority instance must be told, None when nothing): a class
-    from a header is told unless the body already says it where vLLM reads it (``where``)."""
+    from a header is told unless the body already says it where vLLM reads it (``where``); a class
+    more urgent than ``ceiling`` becomes ``ceiling``."""
     if header is None and vllm_header is None and (payload is None or "priority" not in payload):
-        return 0, None  # the common case: the default class, nothing to tell
+        if ceiling <= 0:
+            return 0, None  # the common case: the default class, nothing to tell
+        return ceiling, None if where == "none" else ceiling
     own = priority_of(None, None, payload) if payload is not None and where != "none" else 0
     priority = own if header is None and vllm_header is None else priority_of(header, vllm_header, None)
+    priority = max(priority, ceiling)
     if where == "none":
         return priority, None
     said = own if where == "body" else 0

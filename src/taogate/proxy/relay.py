@@ -1,8 +1,9 @@
 """Relaying an instance's answer to the client: a whole JSON body, or an SSE stream as it arrives.
 
 Once the first byte of a stream has gone to the client nothing can be retried, so every failure
-ends the stream the same way: the route's error event, on an event boundary, then the end of the
-body.
+ends the stream the same way: the route's error event, then the end of the body. Only whole events
+are relayed: the unfinished end of a chunk waits for the rest of its event, so a stream cut in the
+middle of one drops the fragment, and the client's SDK reads an error event, never half a JSON.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from starlette.types import Send
 
@@ -20,7 +21,7 @@ from taogate.proxy.intake import ClientStalled
 from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
 from taogate.proxy.usage import UsageTap
 
-__all__ = ["StreamEnd", "relay_sse", "send_whole"]
+__all__ = ["MAX_EVENT_BYTES", "EventTooLarge", "Events", "StreamEnd", "relay_sse", "send_whole"]
 
 
 async def send_whole(
@@ -37,6 +38,60 @@ async def send_whole(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+#: The most an unfinished event may hold before the stream is ended (vLLM's largest, a Responses
+#: ``response.completed`` carrying the whole output, is a small fraction of it).
+MAX_EVENT_BYTES: Final = 8 << 20
+
+
+class Events:
+    """Cuts relayed chunks on event boundaries (a blank line, LF or CRLF): ``whole`` returns what
+    of a chunk completes events, and holds the rest (at most ``limit`` bytes) for the next one.
+    The usual chunk (whole events) passes through untouched; held bytes are joined once."""
+
+    __slots__ = ("_held", "_limit", "_size", "_tail")
+
+    def __init__(self, limit: int = MAX_EVENT_BYTES) -> None:
+        self._held: list[bytes] = []
+        self._size = 0
+        self._tail = b""  # the held bytes' last two, for a blank line across the cut
+        self._limit = limit
+
+    @property
+    def held(self) -> int:
+        """Bytes of an unfinished event waiting for its end."""
+        return self._size
+
+    def whole(self, chunk: bytes) -> bytes:
+        held = self._held
+        if not held and chunk.endswith(b"\n\n"):  # the usual case
+            return chunk
+        tail = self._tail
+        edge = tail + chunk
+        lf, crlf = edge.rfind(b"\n\n"), edge.rfind(b"\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0) - len(tail)
+        if end <= 0:  # no boundary in this chunk: all of it waits
+            self._size += len(chunk)
+            if self._size > self._limit:
+                raise EventTooLarge(self._limit)
+            held.append(chunk)
+            self._tail = edge[-2:]
+            return b""
+        out = b"".join([*held, chunk[:end]]) if held else chunk[:end]
+        rest = chunk[end:]
+        held.clear()
+        if rest:
+            held.append(rest)
+        self._size = len(rest)
+        self._tail = rest[-2:]
+        return out
+
+
+class EventTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"an event over {limit} bytes")
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
     error: str | None  # None: the instance finished the stream; else a bounded code
@@ -51,17 +106,19 @@ async def relay_sse(
     idle: float,
     stall: float | None = None,
     limit: float | None = None,
+    max_event: int = MAX_EVENT_BYTES,
     errors: ErrorShape = OPENAI_ERRORS,
     on_first_chunk: Callable[[], None],
     on_last_message: Callable[[], None],
 ) -> StreamEnd:
     """Relay the body of an already-started SSE response; always sends the final body message,
     unless the client stopped reading for ``stall`` seconds: then ``ClientStalled``. ``idle``
-    counts seconds without a complete event; ``limit`` bounds the whole stream."""
+    counts seconds without a complete event; ``limit`` bounds the whole stream, ``max_event`` the
+    bytes of one event (held until its end)."""
     tap = UsageTap()
     guard = IdleGuard(idle, stall, limit)
+    events = Events(max_event)
     first = True
-    tail = b"\n\n"
     error: tuple[str, str] | None = None
     try:
         async for chunk in response.aiter_raw():
@@ -69,10 +126,16 @@ async def relay_sse(
                 first = False
                 on_first_chunk()
             ended = tap.feed(chunk)
+            whole = events.whole(chunk)
+            if not whole:
+                continue
             guard.sending_started()  # a slow client is not a silent instance
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": whole, "more_body": True})
             guard.sent(ended)
-            tail = chunk[-2:]
+        if events.held:
+            error = ("upstream_stream_broken", f"instance {instance} ended the stream inside an event")
+    except EventTooLarge as exc:
+        error = ("upstream_event_too_large", f"instance {instance} sent an event over {exc.limit} bytes")
     except asyncio.CancelledError:
         task = asyncio.current_task()
         # The guard's cancel alone means the instance went quiet, the client stopped reading or
@@ -91,11 +154,10 @@ async def relay_sse(
     finally:
         guard.close()
     if error is not None:
-        code, message = error
-        event = errors.stream_end(message, code)
-        if tail != b"\n\n":  # never splice the error into a half-relayed event
-            event = b"\n\n" + event
-        await send({"type": "http.response.body", "body": event, "more_body": True})
+        code, message = error  # what went to the client ended on an event boundary
+        await send(
+            {"type": "http.response.body", "body": errors.stream_end(message, code), "more_body": True}
+        )
     on_last_message()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return StreamEnd(error[0] if error else None, tap.usage)

@@ -5,8 +5,9 @@ only work where the response was made. A response's id is the request's ``reques
 which vLLM takes as given; so when the client did not choose one, the gateway does, naming the
 instance it sends the request to: ``resp_<instance token>_<16 hex>``, the token a hash of the
 instance's name. Any replica with the same instances decodes it, with no state shared and nothing
-to expire. An id the client chose is remembered here instead (bounded, with expiry), so it routes
-through this replica only.
+to expire. An id the client chose is remembered here instead (bounded in count and bytes, with
+expiry), so it routes through this replica only. An id longer than ``MAX_ID_BYTES`` is refused, and
+an id once bound to an instance stays bound: a later request naming it cannot re-point it.
 
 When the instance an id names is no longer in the fleet, the answer is the one vLLM gives for an
 unknown id; an id the gateway cannot place goes wherever dispatch sends it, to be answered there.
@@ -23,12 +24,26 @@ from typing import Any, Final
 
 import orjson
 
-from taogate.errors import NotFound
+from taogate.errors import BadRequest, NotFound
 from taogate.proxy.usage import counts
 
-__all__ = ["ResponseIds", "ResponseNotFound", "usage_counts"]
+__all__ = ["MAX_ID_BYTES", "ResponseIds", "ResponseNotFound", "checked_id", "usage_counts"]
 
 _OURS: Final = re.compile(r"resp_([0-9a-f]{8})_[0-9a-f]{16}")
+
+#: The longest ``request_id`` a client may choose (UTF-8 bytes): ids are tokens, not payloads.
+MAX_ID_BYTES: Final = 256
+
+
+def checked_id(value: str) -> str:
+    """A client-chosen response id, or a 400 when it is longer than ``MAX_ID_BYTES``."""
+    if len(value) > MAX_ID_BYTES or len(value.encode()) > MAX_ID_BYTES:
+        raise BadRequest(
+            f"'request_id' is longer than {MAX_ID_BYTES} bytes.",
+            code="invalid_request_id",
+            param="request_id",
+        )
+    return value
 
 
 class ResponseNotFound(NotFound):
@@ -47,13 +62,23 @@ def token(instance: str) -> str:
 
 
 class ResponseIds:
-    """Mints self-routing ids and remembers the ids clients chose (at most ``limit``, ``ttl`` s)."""
+    """Mints self-routing ids and remembers the ids clients chose: at most ``limit`` of them and
+    ``max_bytes`` of their characters, each for ``ttl`` s; past a bound the oldest go first."""
 
-    def __init__(self, clock: Callable[[], float], *, limit: int = 100_000, ttl: float = 86_400.0) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        limit: int = 100_000,
+        max_bytes: int = 8 << 20,
+        ttl: float = 86_400.0,
+    ) -> None:
         self._clock = clock
         self._limit = limit
+        self._max_bytes = max_bytes
         self._ttl = ttl
         self._chosen: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id → (instance, expiry)
+        self._bytes = 0  # the remembered ids' characters
         self._tokens: dict[str, str] = {}
 
     def _token(self, instance: str) -> str:
@@ -67,12 +92,32 @@ class ResponseIds:
     def mint(self, instance: str) -> str:
         return f"resp_{self._token(instance)}_{os.urandom(8).hex()}"
 
+    def __len__(self) -> int:
+        return len(self._chosen)
+
+    @property
+    def bytes(self) -> int:
+        """The characters of the ids remembered now."""
+        return self._bytes
+
     def remember(self, response_id: str, instance: str) -> None:
+        """Bind a client-chosen id to the instance that made its response, unless it is bound
+        already: the first binding holds until it expires, whoever names the id later."""
         chosen = self._chosen
-        chosen[response_id] = (instance, self._clock() + self._ttl)
-        chosen.move_to_end(response_id)
-        while len(chosen) > self._limit:
-            chosen.popitem(last=False)
+        now = self._clock()
+        known = chosen.get(response_id)
+        if known is not None:
+            if known[1] >= now:
+                return
+            self._forget(response_id)
+        chosen[response_id] = (instance, now + self._ttl)
+        self._bytes += len(response_id)
+        while chosen and (len(chosen) > self._limit or self._bytes > self._max_bytes):
+            self._forget(next(iter(chosen)))
+
+    def _forget(self, response_id: str) -> None:
+        del self._chosen[response_id]
+        self._bytes -= len(response_id)
 
     def owner(self, response_id: str, instances: Collection[str]) -> str | None:
         """The instance holding ``response_id``, None when unknown; ResponseNotFound when the
@@ -81,7 +126,7 @@ class ResponseIds:
         if known is not None:
             instance, expiry = known
             if expiry < self._clock():
-                del self._chosen[response_id]
+                self._forget(response_id)
             elif instance in instances:
                 return instance
             else:

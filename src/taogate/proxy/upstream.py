@@ -25,6 +25,7 @@ from taogate.proxy.priority import HEADER, VLLM_HEADER
 from taogate.proxy.retry import Failure, FailureKind
 from taogate.settings import GatewaySettings
 
+_FORWARDED_FOR = b"x-forwarded-for"
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the relay recomputes; never forwarded either way.
 #: Headers a ``Connection`` field names are hop-by-hop too, and dropped with it.
 HOP_BY_HOP = frozenset(
@@ -50,13 +51,16 @@ _DROP_UP = (
         b"accept-encoding",
         HEADER,  # the gateway's own (proxy.priority)
         VLLM_HEADER,  # the gateway decides what an instance is told
+        _FORWARDED_FOR,  # written anew, the client's address appended (``upstream_headers``)
     }
 )
 #: From an instance's answer, besides the hop-by-hop ones: what the gateway says itself (date,
-#: server, request id), and what would speak for the gateway's origin to every client, which no
-#: instance behind one key may: cookies, HSTS, alternative services, proxy authentication.
+#: server and what it runs on, request id), and what would speak for the gateway's origin to
+#: every client, which no instance behind one key may: cookies, HSTS, alternative services, proxy
+#: authentication.
 _DROP_DOWN = HOP_BY_HOP | {
     b"server",
+    b"x-powered-by",
     b"date",
     b"x-request-id",
     b"set-cookie",
@@ -179,9 +183,12 @@ def upstream_headers(
     *,
     request_id: bytes,
     tag: bytes | None,
+    client: tuple[str, int] | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """Client headers minus hop-by-hop (and those its Connection field names), credentials and the
-    gateway's own, plus the request id and tag.
+    gateway's own, plus the request id and tag, and ``X-Forwarded-For`` as a proxy writes it: the
+    client's own list (if any) with the client's address appended, so its last entry is the one
+    the gateway saw (the earlier ones are only what the client claims).
 
     The instance's own key (if any) is added per attempt, since a retry may go elsewhere.
     """
@@ -190,6 +197,9 @@ def upstream_headers(
     if nominated:
         drop = drop | nominated
     out = [(k, v) for k, v in client_headers if k not in drop and not k.startswith(_OURS)]
+    if client is not None:
+        hops = [v for k, v in client_headers if k == _FORWARDED_FOR]
+        out.append((_FORWARDED_FOR, b", ".join([*hops, client[0].encode()])))
     out.append((b"x-request-id", request_id))
     if tag:
         out.append((b"x-request-tag", tag))

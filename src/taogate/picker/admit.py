@@ -1,0 +1,217 @@
+"""One request's way to its pick: route, key, body facts, plan and lease, as ``serve`` does it.
+
+Every step is the proxy's own: ``KeyCheck`` for the unified key, ``Intake`` for the body's facts
+(model, stream flag, token estimate, prefix key, priority, tag), ``plan`` and ``Forward.to`` for
+what the instance is told (its own key, its priority, a Responses id), ``Dispatcher`` for the pick
+and its lease. What differs is only the output: header changes and a body for the gateway in front
+to send, instead of a request of our own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from taogate.app import unknown_path_message
+from taogate.dispatch.tokens import PromptSize
+from taogate.dispatch.types import RequestFacts
+from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
+from taogate.fleet.lease import Lease
+from taogate.gateway import Gateway
+from taogate.observe.access_log import RequestRecord
+from taogate.picker.encoding import Headers
+from taogate.picker.hints import excluded_by_subset
+from taogate.proxy.auth import header
+from taogate.proxy.forward import Forward, plan
+from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, Route
+from taogate.proxy.upstream import HOP_BY_HOP, upstream_headers
+
+__all__ = ["Admission", "Answer", "Picked", "header_changes"]
+
+
+def header_changes(before: Headers, after: Headers) -> tuple[Headers, list[bytes]]:
+    """(headers to set, names to remove) that turn ``before`` into ``after``; pseudo-headers and
+    framing stay the gateway's own (it frames the body it sends)."""
+    names = {k for k, _ in after}
+    have = set(before)
+    remove = sorted(
+        {k for k, _ in before if k not in names and k not in HOP_BY_HOP and not k.startswith(b":")}
+    )
+    return [(k, v) for k, v in after if (k, v) not in have], remove
+
+
+@dataclass(slots=True)
+class Picked:
+    """A request on its way to an instance: what the tap needs to learn from its response."""
+
+    route: Route
+    rec: RequestRecord
+    facts: RequestFacts
+    size: PromptSize
+    forward: Forward
+    lease: Lease
+    rid: bytes
+    endpoint: str  # ip:port of the lease's instance
+    set_headers: Headers
+    remove: list[bytes]
+    body: bytes  # what goes upstream
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer the picker gives itself (an error, or the model list): status, headers, body."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+class Admission:
+    """Routes, checks and picks for one gateway; ``check_key`` off where the gateway authenticates."""
+
+    def __init__(self, gateway: Gateway, routes: Mapping[str, Route], *, check_key: bool) -> None:
+        self.gateway = gateway
+        self._routes = dict(routes)
+        self.check_key = check_key
+        prefix = gateway.settings.gateway.prefix
+        self._items = (RESPONSE_ITEM_PREFIX, prefix + RESPONSE_ITEM_PREFIX)
+        self._models = {"/v1/models", prefix + "/v1/models"}
+
+    def route(self, method: str, path: str) -> Route | Answer:
+        """The proxied route of a request, or the picker's own answer: a 404 or a 405."""
+        route = self._routes.get(path)
+        if route is None and path.startswith(self._items):
+            route = RESPONSE_ITEM
+        if route is None:
+            g = self.gateway.settings.gateway
+            return error_answer(OPENAI_ERRORS, NotFound(unknown_path_message(path, g.prefix, g.base_url)))
+        if method not in route.methods:
+            allowed = ", ".join(sorted(route.methods))
+            return error_answer(
+                route.errors, MethodNotAllowed(f"{method} is not allowed on {path}: use {allowed}.")
+            )
+        return route
+
+    def is_models(self, method: str, path: str) -> bool:
+        return method == "GET" and path in self._models
+
+    def models(self) -> Answer:
+        """``GET /v1/models`` as ``serve`` answers it: the fleet's model cards."""
+        cards: dict[str, dict[str, Any]] = {}
+        for inst in self.gateway.fleet:
+            for mid, card in inst.model_cards.items():
+                cards.setdefault(mid, card)
+        body = orjson.dumps({"object": "list", "data": [cards[k] for k in sorted(cards)]})
+        return Answer(200, [(b"content-type", b"application/json")], body)
+
+    def authorize(self, route: Route | None, headers: Headers) -> None:
+        """The unified key, as ``serve`` checks it (raises ``Unauthorized``)."""
+        if self.check_key:
+            self.gateway.keys.check_request(headers, either=route is None or route.anthropic)
+
+    async def pick(
+        self,
+        route: Route,
+        headers: Headers,
+        body: bytes,
+        *,
+        subset: frozenset[str] | None,
+        rec: RequestRecord,
+        path: str,
+    ) -> Picked:
+        """Read the request's facts and take a lease on the instance dispatch picks (within the
+        subset, if the gateway set one); GatewayError for every refusal."""
+        gw = self.gateway
+        pipeline = gw.pipeline
+        plain = [(k, v) for k, v in headers if not k.startswith(b":")]
+        incoming = await pipeline.intake.read(route, plain, _once(body))
+        facts = incoming.facts
+        rec.model = incoming.model
+        rec.prompt_tokens_est = facts.prompt_tokens
+        rec.long = facts.long
+        rec.priority = facts.priority or None
+        rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
+        rid = rec.request_id.encode()
+        up = upstream_headers(plain, request_id=rid, tag=incoming.tag)
+        path_only, _, query = path.partition("?")
+        scope = {
+            "path": path_only,
+            "query_string": query.encode(),
+            "method": route_method(headers),
+            "headers": plain,
+        }
+        fleet = gw.dispatcher.fleet
+        forward, exclude = plan(
+            route, scope, gw.settings.gateway.prefix, up, incoming, ids=pipeline.responses, fleet=fleet
+        )
+        if subset is not None:
+            exclude |= excluded_by_subset(fleet, subset)
+            if all(i.name in exclude for i in fleet):
+                raise NoInstance(
+                    "No instance of the gateway's subset hint can take this request.", retry_after=1
+                )
+        lease = await self._lease(facts, exclude, rec, subset is not None)
+        try:
+            spec = lease.instance.spec
+            up_headers, up_body = forward.to(spec)
+            set_headers, remove = header_changes(plain, up_headers)
+            sent = up_body if isinstance(up_body, bytes) else body  # a multipart upload goes as it came
+            now = gw.clock()
+        except BaseException:
+            lease.release()
+            raise
+        return Picked(
+            route, rec, facts, incoming.size, forward, lease, rid, spec.host, set_headers, remove, sent, now
+        )
+
+    async def _lease(
+        self, facts: RequestFacts, exclude: frozenset[str], rec: RequestRecord, hinted: bool
+    ) -> Lease:
+        gw = self.gateway
+        dispatcher, metrics = gw.dispatcher, gw.metrics
+        try:
+            ready = dispatcher.try_acquire(facts, exclude)
+            if ready is not None:
+                (lease, pick), waited = ready, 0.0
+            else:
+                lease, pick, waited = await dispatcher.wait_for_slot(facts, exclude)
+        except NotFound as exc:
+            if hinted:  # the subset serves no such model: the protocol's answer is 503
+                raise NoInstance(
+                    f"No instance of the gateway's subset hint can take this request ({exc.message})"
+                ) from None
+            raise
+        rec.queue_wait += waited
+        if waited:
+            metrics.queue_wait.observe(waited)
+        rec.instance = lease.instance.name
+        if pick.channel_fallback:
+            rec.channel_fallback = True
+        metrics.child(metrics.decisions, gw.settings.dispatch.strategy, pick.reason).inc()
+        return lease
+
+
+def route_method(headers: Headers) -> str:
+    method = header(headers, b":method")
+    return method.decode("latin-1") if method else "POST"
+
+
+def error_answer(shape: Any, exc: GatewayError, rid: bytes | None = None) -> Answer:
+    """A gateway error in its route's shape (OpenAI's or Anthropic's), as ``serve`` renders it."""
+    headers = [(k, v) for k, v in shape.headers(exc) if k not in HOP_BY_HOP]
+    if rid is not None:
+        headers.append((b"x-request-id", rid))
+    return Answer(exc.status, headers, shape.body(exc))
+
+
+def _once(body: bytes) -> Callable[[], Any]:
+    """An ASGI ``receive`` that hands over a body already read whole (the intake reads from one)."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive

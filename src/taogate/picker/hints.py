@@ -1,0 +1,71 @@
+"""What the gateway in front tells the picker in metadata: a subset to pick from, and the endpoint
+that really served a request; and the instances those ``ip:port`` endpoints name.
+
+A subset may come as a list of ``ip:port`` strings (the protocol's form) or as one comma-separated
+string (what a header-to-metadata filter produces); both are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from taogate.fleet.instance import Instance
+
+__all__ = [
+    "SERVED",
+    "SERVED_NAMESPACE",
+    "SUBSET",
+    "SUBSET_NAMESPACE",
+    "excluded_by_subset",
+    "instance_at",
+    "served_endpoint",
+    "subset_hint",
+]
+
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET = "x-gateway-destination-endpoint-subset"
+SERVED_NAMESPACE = "envoy.lb"
+SERVED = "x-gateway-destination-endpoint-served"
+
+
+def _field(metadata: Any, namespace: str, key: str) -> Any | None:
+    """``metadata_context.filter_metadata[namespace][key]`` as a protobuf Value, or None."""
+    if metadata is None or namespace not in metadata.filter_metadata:
+        return None
+    return metadata.filter_metadata[namespace].fields.get(key)
+
+
+def _strings(value: Any) -> list[str]:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return [p.strip() for p in value.string_value.split(",") if p.strip()]
+    if kind == "list_value":
+        return [s for v in value.list_value.values for s in _strings(v)]
+    return []
+
+
+def subset_hint(metadata: Any) -> frozenset[str] | None:
+    """The endpoints the pick must come from, or None when the gateway set no subset (an empty
+    set when it set an empty one: then nothing may be picked)."""
+    value = _field(metadata, SUBSET_NAMESPACE, SUBSET)
+    return None if value is None else frozenset(_strings(value))
+
+
+def served_endpoint(metadata: Any) -> str | None:
+    """The endpoint that served the request, when the gateway reports it."""
+    value = _field(metadata, SERVED_NAMESPACE, SERVED)
+    if value is None:
+        return None
+    found = _strings(value)
+    return found[0] if found else None
+
+
+def excluded_by_subset(instances: Iterable[Instance], subset: frozenset[str]) -> frozenset[str]:
+    """The instances outside the subset: the dispatcher's ``exclude`` for this request."""
+    return frozenset(i.name for i in instances if i.spec.host not in subset)
+
+
+def instance_at(instances: Iterable[Instance], endpoint: str) -> Instance | None:
+    """The instance whose address is ``endpoint`` (``ip:port``)."""
+    return next((i for i in instances if i.spec.host == endpoint), None)

@@ -1,0 +1,222 @@
+"""The ext_proc stream: one per HTTP request, message by message.
+
+::
+
+    request headers  → route, key (401 at once), held unanswered while the body comes
+    request body     → gathered; at its end the pick: the headers' answer (destination, header
+                       changes, cleared route cache), then the body handed back, in chunks
+    response headers → the tap; x-taogate-instance and the request id for the client
+    response body    → each chunk handed back as it came, and through the tap
+    (stream closed)  → the tap releases the lease if the response did not end
+
+Refusals (401, 404, 413, 429, 503...) are immediate responses in the route's error shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from taogate.errors import OPENAI_ERRORS, GatewayError, NoInstance, Unauthorized
+from taogate.gateway import Gateway
+from taogate.observe.access_log import RequestRecord
+from taogate.picker import encoding
+from taogate.picker.admit import Admission, Answer, error_answer, route_method
+from taogate.picker.hints import served_endpoint, subset_hint
+from taogate.picker.tap import Tap
+from taogate.proxy.auth import header
+from taogate.proxy.intake import request_id
+from taogate.proxy.routes import Route
+
+__all__ = ["Picker"]
+
+log = logging.getLogger("taogate.picker")
+
+
+class Picker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """``envoy.service.ext_proc.v3.ExternalProcessor``: answers each stream with a ``_Stream``."""
+
+    def __init__(self, gateway: Gateway, admission: Admission) -> None:
+        self.gateway = gateway
+        self.admission = admission
+
+    async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        stream = _Stream(self.gateway, self.admission)
+        try:
+            async for message in requests:
+                for answer in await stream.handle(message):
+                    yield answer
+        finally:
+            stream.close()
+
+
+class _Stream:
+    """One request's state across its messages."""
+
+    __slots__ = (
+        "_admission",
+        "_body",
+        "_gateway",
+        "_headers",
+        "_over",
+        "_path",
+        "_rec",
+        "_route",
+        "_subset",
+        "_tap",
+        "done",
+    )
+
+    def __init__(self, gateway: Gateway, admission: Admission) -> None:
+        self._gateway = gateway
+        self._admission = admission
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._over = 0  # bytes gathered so far
+        self._path = ""
+        self._route: Route | None = None
+        self._rec: RequestRecord | None = None
+        self._subset: frozenset[str] | None = None
+        self._tap: Tap | None = None
+        self.done = False  # answered without an upstream
+
+    async def handle(self, message: Any) -> list[Any]:
+        kind = message.WhichOneof("request")
+        if self.done:
+            return []
+        if kind == "request_headers":
+            return await self._request_headers(message)
+        if kind == "request_body":
+            return await self._request_body(message.request_body.body, message.request_body.end_of_stream)
+        if kind == "request_trailers":
+            answers = await self._request_body(b"", True, trailers=True) if self._tap is None else []
+            return [*answers, encoding.trailers_answer(response=False)]
+        tap = self._tap
+        if tap is None:  # a response with no pick (the gateway's own answer): pass it on
+            return _pass(message, kind)
+        if kind == "response_headers":
+            raw = encoding.decode_headers(message.response_headers)
+            set_headers, remove = tap.headers(raw, served_endpoint(message.metadata_context))
+            if message.response_headers.end_of_stream:
+                tap.end()
+            return [encoding.headers_answer(set_headers, remove)]
+        if kind == "response_body":
+            body = message.response_body
+            tap.body(body.body)
+            if body.end_of_stream:
+                tap.end()
+            return [encoding.body_echo(body.body, body.end_of_stream)]
+        if kind == "response_trailers":
+            tap.end()
+            return [encoding.trailers_answer(response=True)]
+        return []
+
+    async def _request_headers(self, message: Any) -> list[Any]:
+        gw = self._gateway
+        headers = encoding.decode_headers(message.request_headers)
+        self._headers = headers
+        path = (header(headers, b":path") or b"/").decode("latin-1")
+        method = route_method(headers)
+        self._path = path
+        rid = request_id(header(headers, b"x-request-id"))
+        admission = self._admission
+        self._subset = subset_hint(message.metadata_context if message.HasField("metadata_context") else None)
+        if admission.is_models(method, path.partition("?")[0]):
+            try:
+                admission.authorize(None, headers)
+            except Unauthorized as exc:
+                gw.metrics.rejections.labels("auth").inc()
+                return [self._immediate(error_answer(OPENAI_ERRORS, exc, rid))]
+            return [self._immediate(admission.models())]
+        target = admission.route(method, path.partition("?")[0])
+        if isinstance(target, Answer):
+            return [self._immediate(target)]
+        self._route = target
+        self._rec = RequestRecord(request_id=rid.decode(), route=target.kind, started=gw.clock())
+        try:
+            if not gw.accepting:
+                raise NoInstance("The gateway is shutting down.", retry_after=1)
+            admission.authorize(target, headers)
+        except Unauthorized as exc:
+            self._rec.reject = "auth"
+            return [self._refuse(exc)]
+        except GatewayError as exc:
+            return [self._refuse(exc)]
+        if message.request_headers.end_of_stream:
+            return await self._pick(b"", end=True)
+        return []
+
+    async def _request_body(self, chunk: bytes, end: bool, *, trailers: bool = False) -> list[Any]:
+        if self._route is None:
+            return []
+        limit = self._gateway.settings.gateway.max_body_bytes
+        if self._over <= limit:  # past the limit only the overflow is kept: the intake refuses it
+            self._body.append(chunk)
+        self._over += len(chunk)
+        if not end:
+            return []
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        return await self._pick(body, end=not trailers)
+
+    async def _pick(self, body: bytes, *, end: bool) -> list[Any]:
+        assert self._route is not None and self._rec is not None
+        try:
+            picked = await self._admission.pick(
+                self._route, self._headers, body, subset=self._subset, rec=self._rec, path=self._path
+            )
+        except GatewayError as exc:
+            return [self._refuse(exc)]
+        except Exception:  # a bug of ours: still an error in the route's shape, and a log line
+            log.exception("request %s failed inside the picker", self._rec.request_id)
+            return [
+                self._refuse(
+                    GatewayError(f"Internal picker error (request id {self._rec.request_id}); see its log.")
+                )
+            ]
+        self._tap = Tap(self._gateway, picked)
+        answers = [encoding.pick_answer([picked.endpoint], picked.set_headers, picked.remove)]
+        if self._over or picked.body:  # a request that had a body hands one back
+            answers.extend(encoding.body_chunks(picked.body, end=end))
+        return answers
+
+    def _refuse(self, exc: GatewayError) -> Any:
+        """A refusal in the route's error shape, accounted and logged once as ``serve`` does."""
+        rec, route = self._rec, self._route
+        assert rec is not None and route is not None
+        rec.status = exc.status
+        rec.error = exc.code
+        if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
+            rec.reject = exc.code
+        self._gateway.accounting.record(rec)
+        return self._immediate(error_answer(route.errors, exc, rec.request_id.encode()))
+
+    def _immediate(self, answer: Answer) -> Any:
+        self.done = True
+        return encoding.immediate(answer.status, answer.headers, answer.body, "taogate")
+
+    def close(self) -> None:
+        """The stream is over: a picked request's tap ends it; one that never got its answer (its
+        client left while it was read or queued) is accounted as ``serve`` accounts a hang-up."""
+        if self._tap is not None:
+            self._tap.close()
+        elif self._rec is not None and not self.done:
+            self.done = True
+            self._rec.status = 499
+            self._gateway.metrics.client_disconnects.inc()
+            self._gateway.accounting.record(self._rec)
+
+
+def _pass(message: Any, kind: str | None) -> list[Any]:
+    """Hand back a response the picker did not pick for (e.g. after a refusal) unchanged."""
+    if kind == "response_headers":
+        return [encoding.headers_answer([])]
+    if kind == "response_body":
+        body = message.response_body
+        return [encoding.body_echo(body.body, body.end_of_stream)]
+    if kind == "response_trailers":
+        return [encoding.trailers_answer(response=True)]
+    return []

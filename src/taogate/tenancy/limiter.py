@@ -1,0 +1,312 @@
+"""Admission against a key's limits, answered as OpenAI answers: model allow-list, concurrency,
+requests and tokens per window, and the ``x-ratelimit-*`` headers of every response of a limited key.
+
+A request reserves one request and its estimated tokens (prompt + ``max_tokens``) when admitted and
+holds one of its key's concurrency slots until ``release``, exactly once, on every exit path; its
+tokens are settled from usage then. When the shared store fails, ``on_store_error`` says what
+happens (admit, or 503); a failed store is tried again at most once a second, every call bounded by
+``store_timeout``, so no request waits on a store longer than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from redis.exceptions import RedisError
+from starlette.types import Send
+
+from taogate.dispatch.types import RequestFacts
+from taogate.errors import GatewayError, NoInstance, NotFound
+from taogate.observe.access_log import RequestRecord
+from taogate.tenancy.answers import RateLimited, rate_headers, refusal
+from taogate.tenancy.config import LimitsSettings
+from taogate.tenancy.fairshare import FairShare
+from taogate.tenancy.keys import KeyTable, Tenant
+from taogate.tenancy.store import LocalStore, Store
+from taogate.tenancy.window import Counts, used
+
+__all__ = ["Admission", "KeyStats", "Limiter", "RateLimited"]
+
+log = logging.getLogger("taogate.limits")
+
+#: Seconds a failed store is left alone before one request tries it again.
+STORE_RETRY = 1.0
+STORE_ERRORS = (RedisError, OSError, TimeoutError)
+
+
+@dataclass(slots=True)
+class KeyStats:
+    """One key's tallies on this replica (metrics, /admin/keys)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    in_flight: int = 0
+    rejections: dict[str, int] = field(default_factory=dict)
+    last: Counts | None = None  # its counters after its latest check
+
+
+@dataclass(slots=True)
+class Admission:
+    """One admitted request: what it reserved, and the headers its response carries."""
+
+    tenant: Tenant
+    stats: KeyStats
+    headers: list[tuple[bytes, bytes]]
+    reserved: int = 0
+    bucket: int | None = None  # where its tokens were reserved (None: nowhere)
+    released: bool = False
+
+
+class Limiter:
+    """Admits requests against their key's limits; one per gateway, ``configure``d on reload."""
+
+    def __init__(
+        self,
+        table: KeyTable,
+        limits: LimitsSettings,
+        *,
+        clock: Callable[[], float],
+        fair: FairShare,
+        store: Store | None = None,
+    ) -> None:
+        self.table = table
+        self.fair = fair  # the gateway queue's: corrected from usage at the end
+        self.limits = limits
+        self._clock = clock
+        self.local = LocalStore(clock)
+        self.store = store  # shared counters; None: in this process
+        self.store_up = True
+        self._retry_at = 0.0
+        self.stats: dict[str, KeyStats] = {t.name: KeyStats() for t in table}
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def configure(self, table: KeyTable, limits: LimitsSettings) -> list[str]:
+        """A reloaded key table; returns the names that went (their tallies go with them)."""
+        self.table, self.limits = table, limits
+        names = set(table.names())
+        gone = [n for n in self.stats if n not in names]
+        for name in gone:
+            del self.stats[name]
+        for name in names:
+            self.stats.setdefault(name, KeyStats())
+        self.local.forget(names)
+        return gone
+
+    @overload
+    def reject(self, stats: KeyStats, reason: str, exc: GatewayError) -> GatewayError: ...
+    @overload
+    def reject(self, stats: KeyStats, reason: str, exc: None) -> None: ...
+
+    def reject(self, stats: KeyStats, reason: str, exc: GatewayError | None) -> GatewayError | None:
+        """Count a refusal of the key's request by ``reason``; returns ``exc``, to raise."""
+        stats.rejections[reason] = stats.rejections.get(reason, 0) + 1
+        return exc
+
+    async def admit(
+        self, tenant: Tenant, facts: RequestFacts, model: str | None, rec: RequestRecord, send: Send
+    ) -> tuple[Admission, Send]:
+        """The pipeline's step: admit the request (reserving its prompt and all the output it may
+        ask for, as OpenAI counts), and the ``send`` that adds its key's headers to the response."""
+        rec.key = facts.tenant = tenant.name
+        admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
+        return admission, _with_headers(send, admission.headers) if admission.headers else send
+
+    async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
+        """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
+        stats = self.stats.get(tenant.name)
+        if stats is None:  # a key revoked while its request was being read: tallied nowhere
+            stats = KeyStats()
+        if tenant.models is not None and model is not None and model not in tenant.models:
+            raise self.reject(
+                stats,
+                "model_not_allowed",
+                NotFound(
+                    f"The model `{model[:128]}` does not exist or you do not have access to it.",
+                    code="model_not_found",
+                    param="model",
+                ),
+            )
+        if tenant.max_concurrency is not None and stats.in_flight >= tenant.max_concurrency:
+            raise self.reject(
+                stats,
+                "concurrency",
+                RateLimited(
+                    f"Too many requests in flight for key {tenant.name}: Limit {tenant.max_concurrency} "
+                    "at once. Please try again when one has finished.",
+                    "requests",
+                    1.0,
+                    [],
+                ),
+            )
+        admission = Admission(tenant, stats, [])
+        if tenant.rate_limited:
+            counts = await self._hit(tenant, stats, cost)
+            if counts is not None:
+                stats.last = counts
+                window = self.limits.window
+                if not counts.admitted:
+                    refused = refusal(tenant, counts, cost, window)
+                    raise self.reject(stats, refused.type, refused)
+                admission.headers = rate_headers(tenant, counts, window)
+                admission.reserved, admission.bucket = cost, counts.bucket
+        stats.in_flight += 1
+        stats.requests += 1
+        return admission
+
+    async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int) -> Counts | None:
+        window_ms = max(1, round(self.limits.window * 1000))
+        rpm, tpm = tenant.requests_per_minute or 0, tenant.tokens_per_minute or 0
+        if self.store is None:
+            return self.local.hit_now(tenant.name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
+        now = self._clock()
+        if self.store_up or now >= self._retry_at:
+            try:
+                async with asyncio.timeout(self.limits.store_timeout):
+                    counts = await self.store.hit(tenant.name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
+            except STORE_ERRORS as exc:
+                self._failed(exc, now)
+            else:
+                if not self.store_up:
+                    log.warning("limits store is back: shared limits hold again")
+                    self.store_up = True
+                return counts
+        if self.limits.on_store_error == "fail_open":
+            return None
+        raise self.reject(
+            stats,
+            "store_unavailable",
+            NoInstance(
+                "The rate-limit store cannot be reached and [limits] on_store_error = 'fail_closed'.",
+                code="limits_store_unavailable",
+                retry_after=1,
+            ),
+        )
+
+    def _failed(self, exc: BaseException, now: float) -> None:
+        if self.store_up:
+            log.error(
+                "limits store failed (%s: %s): %s until it answers again",
+                type(exc).__name__,
+                str(exc)[:200] or "timed out",
+                "admitting without shared limits"
+                if self.limits.on_store_error == "fail_open"
+                else "refusing limited keys' requests with 503",
+            )
+        self.store_up = False
+        self._retry_at = now + STORE_RETRY
+
+    def release(self, admission: Admission | None, rec: RequestRecord) -> None:
+        """The pipeline's last step, whatever the path: ``finish`` from the request's record, and
+        its fair-share counter corrected from the prompt estimate charged at dispatch to its usage."""
+        if admission is None:
+            return
+        served = rec.instance is not None
+        if rec.reject is not None:  # refused after its key's limits: the queue, no instance, ...
+            self.reject(admission.stats, rec.reject, None)
+        self.finish(admission, rec.prompt_tokens, rec.completion_tokens, served)
+        if served and (rec.prompt_tokens is not None or rec.completion_tokens):
+            estimate = rec.prompt_tokens_est or 0
+            used = (rec.prompt_tokens or estimate) + (rec.completion_tokens or 0)
+            self.fair.charge(admission.tenant.name, used - estimate)
+
+    def finish(self, admission: Admission, prompt: int | None, completion: int | None, served: bool) -> None:
+        """End of a request (idempotent): its concurrency slot back, its tokens tallied and settled
+        (usage less the reservation; nothing served gives all of it back)."""
+        if admission.released:
+            return
+        admission.released = True
+        stats = admission.stats
+        stats.in_flight -= 1
+        stats.prompt_tokens += prompt or 0
+        stats.completion_tokens += completion or 0
+        if admission.bucket is None:
+            return
+        if prompt is None and completion is None:
+            if served:
+                return  # usage unknown: the reservation stands
+            actual = 0
+        else:
+            actual = (prompt or 0) + (completion or 0)
+        delta = actual - admission.reserved
+        if delta == 0:
+            return
+        name = admission.tenant.name
+        if self.store is None:
+            self.local.settle_now(name, admission.bucket, delta)
+        elif self.store_up:
+            task = asyncio.get_running_loop().create_task(self._settle(name, admission.bucket, delta))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, name: str, bucket: int, delta: int) -> None:
+        assert self.store is not None
+        try:
+            async with asyncio.timeout(self.limits.store_timeout):
+                await self.store.settle(name, bucket, delta)
+        except STORE_ERRORS as exc:
+            self._failed(exc, self._clock())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per key: its limits and what it used on this replica (GET /admin/keys)."""
+        out = []
+        window = self.limits.window
+        for t in self.table:
+            stats = self.stats.get(t.name) or KeyStats()
+            last = stats.last
+            recent: dict[str, float] | None = None
+            if last is not None:  # as counted at its latest check (by every replica, with a store)
+                recent = {
+                    "requests": round(used(last.req_prev, last.req_cur, last.frac), 1),
+                    "tokens": round(used(last.tok_prev, last.tok_cur, last.frac), 1),
+                }
+            out.append(
+                {
+                    "name": t.name,
+                    "requests_per_minute": t.requests_per_minute,
+                    "tokens_per_minute": t.tokens_per_minute,
+                    "max_concurrency": t.max_concurrency,
+                    "models": None if t.models is None else sorted(t.models),
+                    "max_priority": t.max_priority,
+                    "weight": t.weight,
+                    "in_flight": stats.in_flight,
+                    "requests": stats.requests,
+                    "prompt_tokens": stats.prompt_tokens,
+                    "completion_tokens": stats.completion_tokens,
+                    "rejections": dict(stats.rejections),
+                    "window_seconds": window,
+                    "window_used": recent,
+                    "fair_share_tokens": round(self.fair.counter(t.name), 1),
+                }
+            )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Where the limits are counted, and whether that store answers."""
+        return {
+            "store": "redis" if self.store is not None else "in-process",
+            "store_up": self.store_up,
+            "on_store_error": self.limits.on_store_error,
+            "window_seconds": self.limits.window,
+        }
+
+    async def aclose(self) -> None:
+        for task in list(self._settling):
+            task.cancel()
+        if self.store is not None:
+            await self.store.aclose()
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` that adds ``extra`` to the response's headers, whichever way the response goes."""
+
+    async def sending(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], *extra]}
+        await send(message)
+
+    return sending

@@ -1,0 +1,236 @@
+"""The ext_proc protocol as a gateway speaks it, message by message, over real gRPC to an in-process
+picker in front of emulated instances: the held pick, the body handed back in chunks, the served
+endpoint moving the lease, a stream closed without a response, the health services."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.fleet import run_fleet
+from taogate.picker.encoding import CHUNK, DESTINATION
+from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
+from tests.conftest import ENV, KEY, gateway_settings, wait_until
+
+
+def _headers(pairs: Sequence[tuple[str, str]], end: bool = False) -> Any:
+    values = [base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]
+    return pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=values), end_of_stream=end)
+
+
+def _metadata(namespace: str, key: str, value: Any) -> Any:
+    struct = struct_pb2.Struct()
+    struct.update({key: value})
+    return base_pb2.Metadata(filter_metadata={namespace: struct})
+
+
+def _request(path: str = "/v1/chat/completions", key: str = KEY) -> list[tuple[str, str]]:
+    return [
+        (":method", "POST"),
+        (":path", path),
+        ("authorization", f"Bearer {key}"),
+        ("content-type", "application/json"),
+    ]
+
+
+def _chat(content: str = "hi") -> bytes:
+    return orjson.dumps(
+        {"model": "emulated-model", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    )
+
+
+class Conversation:
+    """One ext_proc stream driven by hand: ``send`` a message, ``read`` the picker's answers."""
+
+    def __init__(self, stub: Any) -> None:
+        self.call = stub.Process()
+
+    async def send(self, **message: Any) -> None:
+        await self.call.write(pb.ProcessingRequest(**message))
+
+    async def read(self) -> Any:
+        return await self.call.read()
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
+@pytest.fixture
+async def picker() -> AsyncIterator[tuple[RunningPicker, Any]]:
+    configs = [EmulatorConfig(seed=i) for i in range(2)]
+    async with run_fleet(configs) as fleet:
+        settings = gateway_settings(fleet.urls)
+        async with (
+            serve_picker(settings, environ=ENV) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            yield running, channel
+
+
+def _set(answer: Any) -> dict[str, bytes]:
+    return {h.header.key: h.header.raw_value for h in answer.header_mutation.set_headers}
+
+
+async def test_pick_is_held_until_the_body_ends_and_the_served_endpoint_takes_the_lease(
+    picker: tuple[RunningPicker, Any],
+) -> None:
+    running, channel = picker
+    fleet = running.app.gateway.fleet
+    talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+    await talk.send(request_headers=_headers(_request()))
+    body = _chat("x" * (CHUNK + 1000))  # more than one chunk back
+    await talk.send(request_body=pb.HttpBody(body=body[:100], end_of_stream=False))
+    await talk.send(request_body=pb.HttpBody(body=body[100:], end_of_stream=True))
+    answer = await talk.read()
+    assert answer.WhichOneof("response") == "request_headers"
+    common = answer.request_headers.response
+    picked = _set(common)[DESTINATION].decode()
+    assert common.clear_route_cache
+    assert answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION].string_value == picked
+    assert "authorization" in common.header_mutation.remove_headers  # the client's key stays here
+    back = b""
+    while True:
+        chunk = (await talk.read()).request_body.response.body_mutation.streamed_response
+        back += chunk.body
+        if chunk.end_of_stream:
+            break
+    assert back == body
+    by_host = {i.spec.host: i for i in fleet}
+    first = by_host[picked]
+    other = next(i for i in fleet if i is not first)
+    assert (first.inflight, other.inflight) == (1, 0)
+    # The gateway says it served the request elsewhere (a fallback): the lease follows.
+    served = _metadata("envoy.lb", "x-gateway-destination-endpoint-served", other.spec.host)
+    status = [(":status", "200"), ("content-type", "application/json")]
+    await talk.send(response_headers=_headers(status), metadata_context=served)
+    told = _set((await talk.read()).response_headers.response)
+    assert told["x-taogate-instance"] == other.name.encode()
+    assert (first.inflight, other.inflight) == (0, 1)
+    usage = orjson.dumps({"usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}})
+    await talk.send(response_body=pb.HttpBody(body=usage, end_of_stream=True))
+    echo = (await talk.read()).response_body.response.body_mutation.streamed_response
+    assert echo.body == usage and echo.end_of_stream
+    assert (first.inflight, other.inflight) == (0, 0)
+    assert other.window.stats(running.app.gateway.clock()).requests == 1
+    await talk.call.done_writing()
+
+
+async def test_a_stream_closed_without_a_response_gives_the_lease_back(
+    picker: tuple[RunningPicker, Any],
+) -> None:
+    running, channel = picker
+    fleet = running.app.gateway.fleet
+    talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+    await talk.send(request_headers=_headers(_request()))
+    await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+    await talk.read()
+    assert sum(i.inflight for i in fleet) == 1
+    talk.cancel()  # the gateway reset the request
+    await wait_until(lambda: sum(i.inflight for i in fleet) == 0, what="lease released")
+
+
+async def test_refusals_are_immediate_responses(picker: tuple[RunningPicker, Any]) -> None:
+    _, channel = picker
+    stub = pb_grpc.ExternalProcessorStub(channel)
+    talk = Conversation(stub)
+    await talk.send(request_headers=_headers(_request(key="wrong")))
+    refused = (await talk.read()).immediate_response
+    assert refused.status.code == 401
+    assert orjson.loads(refused.body)["error"]["code"] == "invalid_api_key"
+    talk = Conversation(stub)
+    await talk.send(
+        request_headers=_headers(_request()),
+        metadata_context=_metadata("envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset", []),
+    )
+    await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+    empty = (await talk.read()).immediate_response
+    assert empty.status.code == 503  # an empty subset: nothing may be picked
+    talk = Conversation(stub)
+    await talk.send(request_headers=_headers(_request("/v1/nothing-here"), end=True))
+    assert (await talk.read()).immediate_response.status.code == 404
+
+
+async def test_health_services_serve(picker: tuple[RunningPicker, Any]) -> None:
+    _, channel = picker
+    stub = health_pb2_grpc.HealthStub(channel)
+    for name in HEALTH_SERVICES:
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=name))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+async def test_a_request_whose_stream_closes_while_queued_leaves_the_queue() -> None:
+    """Every instance at its cap: the pick waits in the gateway queue; the gateway resetting the
+    stream takes it out, and it is accounted as a hang-up."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls, dispatch={"max_queue_per_instance": 1})
+        async with (
+            serve_picker(settings, environ=ENV) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            gateway = running.app.gateway
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            first = Conversation(stub)
+            await first.send(request_headers=_headers(_request()))
+            await first.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            await first.read()
+            second = Conversation(stub)
+            await second.send(request_headers=_headers(_request()))
+            await second.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            await wait_until(lambda: gateway.dispatcher.queued == 1, what="queued")
+            gone = gateway.metrics.client_disconnects._value.get()
+            second.cancel()
+            await wait_until(lambda: gateway.dispatcher.queued == 0, what="left the queue")
+            await wait_until(
+                lambda: gateway.metrics.client_disconnects._value.get() == gone + 1, what="accounted"
+            )
+            first.cancel()
+            await wait_until(lambda: sum(i.inflight for i in gateway.fleet) == 0, what="lease released")
+
+
+async def test_without_the_key_check_the_gateway_authenticates() -> None:
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls)
+        async with (
+            serve_picker(settings, environ=ENV, check_key=False) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+            await talk.send(request_headers=_headers(_request(key="the-gateways-own")))
+            await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            answer = (await talk.read()).request_headers.response
+            assert DESTINATION in _set(answer)
+            assert "authorization" in answer.header_mutation.remove_headers  # still not passed on
+            talk.cancel()
+
+
+async def test_the_instance_is_told_its_own_key_and_the_response_names_it() -> None:
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls)
+        settings.instances[0].api_key_env = "INSTANCE_KEY"
+        async with (
+            serve_picker(settings, environ={**ENV, "INSTANCE_KEY": "instance-secret"}) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+            await talk.send(request_headers=_headers([*_request(), ("x-api-key", KEY)]))
+            await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            answer = (await talk.read()).request_headers.response
+            assert _set(answer)["authorization"] == b"Bearer instance-secret"
+            assert "x-api-key" in answer.header_mutation.remove_headers
+            await talk.read()  # the body handed back
+            status = [(":status", "200"), ("content-type", "application/json"), ("set-cookie", "a=b")]
+            await talk.send(response_headers=_headers(status))
+            told = (await talk.read()).response_headers.response
+            assert _set(told)["x-taogate-instance"] == b"i0"
+            assert "set-cookie" in told.header_mutation.remove_headers  # only the gateway speaks so
+            talk.cancel()

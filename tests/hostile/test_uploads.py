@@ -1,0 +1,36 @@
+"""Hostile uploads: multipart bodies that stall, after their ``model`` field (holding an instance
+slot while the body streams upstream) or before it (holding only their connection). Both are due
+within ``body_timeout``, like any body: a 408, the slot and the connection given back."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.hostile.attacks import BOUNDARY, FILE_START, MODEL_FIELD, stalled_upload, swallow
+from tests.hostile.helpers import beside, gateway, head_and_body, in_thread, status_of
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _eight(url: str, start: str) -> list[tuple[float, bytes]]:
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda _: stalled_upload(url, start, 0.5), range(8)))
+
+
+@pytest.mark.parametrize(
+    "start", [MODEL_FIELD + FILE_START, f"--{BOUNDARY}\r\ncontent-disp"], ids=["after-model", "before-model"]
+)
+async def test_a_stalled_upload_is_408_within_the_body_timeout_and_frees_its_slot(start: str) -> None:
+    sections: dict[str, Any] = {"gateway": {"body_timeout": 1.0}, "dispatch": {"max_queue_per_instance": 4}}
+    async with gateway(swallow, **sections) as (gw, scripted), beside(gw):
+        results = await in_thread(_eight, gw.url, start)
+    for took, answer in results:
+        assert took < 3.0, f"held for {took:.1f}s"
+        headers, body = head_and_body(answer)
+        assert status_of(answer) == 408, answer[:300]
+        assert b'"body_timeout"' in body and headers["connection"] == ["close"]
+    if start.startswith(MODEL_FIELD):
+        assert scripted is not None and len(scripted.heads) == 8  # they did hold slots, for a while

@@ -1,0 +1,176 @@
+"""Limits shared by gateway replicas through a real Redis (Debian's redis-server, started here):
+the Lua script agrees with the in-process arithmetic, two replicas hold one limit, and a store that
+dies, hangs or comes back is handled by ``on_store_error`` without a hung request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from taogate.emulator.config import EmulatorConfig
+from taogate.emulator.fleet import run_fleet
+from taogate.tenancy.store import RedisStore
+from taogate.tenancy.window import hit, settle
+from tests.conftest import KEY, require_tool, wait_until
+from tests.integration.keys_helpers import SECRETS, RedisServer, chat_once, keyed_gateway, keyed_settings
+
+TEAM_A = {"name": "team-a", "key_env": "TEAM_A_KEY"}
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(require_tool("redis-server", hint="apt-get install redis-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            server.pause(False)
+        server.kill()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 4_000), st.integers(0, 300), st.integers(-200, 200)), min_size=1, max_size=30
+    )
+)
+def test_the_lua_script_counts_exactly_as_the_python_window(
+    redis_server: RedisServer, steps: list[tuple[int, int, int]]
+) -> None:
+    """The same checks and settlements, at the same times, give the same counts in both."""
+
+    async def run() -> None:
+        store = RedisStore(redis_server.url, timeout=2.0, prefix=f"t{time.monotonic_ns()}:")
+        state = None
+        now = 1_000_000
+        try:
+            for advance, cost, correction in steps:
+                now += advance
+                got = await store.hit("k", 1_000, rpm=5, tpm=600, cost=cost, now_ms=now)
+                state, want = hit(state, now, 1_000, rpm=5, tpm=600, cost=cost)
+                assert got == want
+                if got.admitted and correction:
+                    await store.settle("k", got.bucket, correction)
+                    settle(state, got.bucket, correction)
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+async def admitted_over(urls: list[str], seconds: float, rate: float) -> tuple[int, int]:
+    """Requests sent to the gateways in turn at ``rate`` per second for ``seconds``: (admitted, sent)."""
+    ok = sent = 0
+    async with httpx.AsyncClient(
+        timeout=10, headers={"authorization": f"Bearer {SECRETS['TEAM_A_KEY']}"}
+    ) as h:
+        start = time.monotonic()
+        tasks = []
+
+        async def one(url: str) -> int:
+            body = {"model": "emulated-model", "prompt": "hi", "max_tokens": 1}
+            return (await h.post(url + "/v1/completions", json=body)).status_code
+
+        while (elapsed := time.monotonic() - start) < seconds:
+            tasks.append(asyncio.create_task(one(urls[sent % len(urls)])))
+            sent += 1
+            await asyncio.sleep(max(0.0, sent / rate - elapsed))
+        codes = await asyncio.gather(*tasks)
+    ok = sum(c == 200 for c in codes)
+    assert set(codes) <= {200, 429}, codes
+    return ok, sent
+
+
+async def test_two_replicas_hold_one_shared_limit(redis_server: RedisServer) -> None:
+    """40 requests per 4 s window, offered at twice that rate through two replicas in turn: over the
+    three windows after a first one, within 10% of the 120 the limit allows (two replicas counting
+    apart would admit twice as many)."""
+    async with run_fleet([EmulatorConfig(seed=0, instant=True)]) as fleet:
+        keys = [{**TEAM_A, "requests_per_minute": 40}]
+        # A store timeout for a test process whose one event loop runs both replicas and the load.
+        limits = {"store": redis_server.url, "window": 4.0, "store_timeout": 1.0}
+        settings_ = keyed_settings(fleet.urls, keys, limits)
+        async with keyed_gateway(settings_) as a, keyed_gateway(settings_) as b:
+            await admitted_over([a.url, b.url], 4.0, 20.0)  # the first window: fill it
+            ok, sent = await admitted_over([a.url, b.url], 12.0, 20.0)
+            assert a.gateway.limiter.store_up and b.gateway.limiter.store_up
+    assert sent >= 1.5 * 120  # the limit binds
+    assert 0.9 * 120 <= ok <= 1.1 * 120, (ok, sent)
+
+
+async def test_redis_killed_and_restarted_under_fail_open(redis_server: RedisServer) -> None:
+    async with run_fleet([EmulatorConfig(seed=0, instant=True)]) as fleet:
+        limits = {"store": redis_server.url, "store_timeout": 0.2, "on_store_error": "fail_open"}
+        settings_ = keyed_settings(fleet.urls, [{**TEAM_A, "requests_per_minute": 3}], limits)
+        async with keyed_gateway(settings_) as gw:
+            limiter = gw.gateway.limiter
+            for _ in range(3):
+                await chat_once(gw, SECRETS["TEAM_A_KEY"])
+            with pytest.raises(openai.RateLimitError):
+                await chat_once(gw, SECRETS["TEAM_A_KEY"])
+            redis_server.kill()
+            for _ in range(3):  # the store is gone: admitted, without limits
+                raw = await chat_once(gw, SECRETS["TEAM_A_KEY"])
+                assert "x-ratelimit-limit-requests" not in raw.headers
+            assert not limiter.store_up
+            async with httpx.AsyncClient() as h:
+                assert "taogate_limits_store_up 0.0" in (await h.get(gw.url + "/metrics")).text
+            redis_server.start()  # empty: the counts start again
+            await asyncio.sleep(1.1)  # the failed store is tried again after a second
+            for left in (2, 1, 0):
+                raw = await chat_once(gw, SECRETS["TEAM_A_KEY"])
+                assert raw.headers["x-ratelimit-remaining-requests"] == str(left)
+            assert limiter.store_up
+            with pytest.raises(openai.RateLimitError):
+                await chat_once(gw, SECRETS["TEAM_A_KEY"])
+
+
+async def test_redis_killed_and_restarted_under_fail_closed(redis_server: RedisServer) -> None:
+    async with run_fleet([EmulatorConfig(seed=0, instant=True)]) as fleet:
+        limits = {"store": redis_server.url, "store_timeout": 0.2, "on_store_error": "fail_closed"}
+        settings_ = keyed_settings(fleet.urls, [{**TEAM_A, "requests_per_minute": 100}], limits)
+        async with keyed_gateway(settings_) as gw:
+            await chat_once(gw, SECRETS["TEAM_A_KEY"])
+            redis_server.kill()
+            for _ in range(2):
+                with pytest.raises(openai.InternalServerError) as refused:
+                    await chat_once(gw, SECRETS["TEAM_A_KEY"])
+                assert refused.value.status_code == 503
+                assert refused.value.code == "limits_store_unavailable"
+            await chat_once(gw, KEY)  # a key without rate limits does not need the store
+            redis_server.start()
+            await asyncio.sleep(1.1)
+            await chat_once(gw, SECRETS["TEAM_A_KEY"])
+            assert gw.gateway.limiter.stats["team-a"].rejections == {"store_unavailable": 2}
+
+
+async def test_a_hung_store_delays_no_request_past_the_store_timeout(redis_server: RedisServer) -> None:
+    async with run_fleet([EmulatorConfig(seed=0, instant=True)]) as fleet:
+        limits = {"store": redis_server.url, "store_timeout": 0.2}
+        settings_ = keyed_settings(fleet.urls, [{**TEAM_A, "requests_per_minute": 100}], limits)
+        async with keyed_gateway(settings_) as gw:
+            await chat_once(gw, SECRETS["TEAM_A_KEY"])
+            redis_server.pause(True)  # accepts connections, answers nothing
+            try:
+                took = []
+                for _ in range(4):
+                    start = time.monotonic()
+                    await chat_once(gw, SECRETS["TEAM_A_KEY"])
+                    took.append(time.monotonic() - start)
+            finally:
+                redis_server.pause(False)
+            assert not gw.gateway.limiter.store_up
+            # The first waits out the timeout; the next ones skip the failed store for a second.
+            assert max(took) < 0.2 + 1.0, took
+            assert sorted(took)[0] < 0.2, took
+            await asyncio.sleep(1.1)
+            await chat_once(gw, SECRETS["TEAM_A_KEY"])
+            await wait_until(lambda: gw.gateway.limiter.store_up, what="the store back")
