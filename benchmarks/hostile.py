@@ -41,6 +41,7 @@ from taogate.proxy.usage import UsageTap, usage_of_body
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the scripted peers: tests/hostile
 from tests.conftest import KEY
 from tests.hostile import attacks as hostile
+from tests.hostile import hop
 from tests.hostile.helpers import Neighbour, ScriptedInstance
 
 
@@ -169,6 +170,9 @@ ATTACKS: list[Attack] = [
     Attack("40 chat bodies nested 1,000 deep", hostile.deep_bodies),
     Attack("/v1/messages of 450k blocks, 3 times", hostile.many_blocks),
     Attack("100 Responses ids of 1 MiB", hostile.huge_response_ids),
+    # the proxied hop's (tests/hostile/hop.py)
+    Attack("30 paths with percent-encoded CR LF, NUL, space", hop.injection, hop.echo_injection),
+    Attack("8 answers failing after 60 MiB, 3 rounds", hop.failed_answers, hop.sixty_mib_then_close),
 ]
 
 

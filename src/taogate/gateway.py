@@ -1,7 +1,9 @@
 """The gateway: builds the parts from the settings, starts and stops them, and reloads them.
 
 Built once by ``create_app(settings)``; the ASGI lifespan calls ``start`` and ``stop``. Requests go
-to ``pipeline.handle``. What lives where::
+to ``pipeline.handle``. A config builds its ``Parts`` (the pipeline, the queue's rules, the hop's
+limits, the control plane's timeouts), swapped in whole at one place on a reload; the state that
+outlives a config stays here and is carried into them by name (``_build``). What lives where::
 
     fleet        the instances and their live state        dispatcher  the wait queue and the picks
     pipeline     one request end to end                    upstream    the proxied hop's pool
@@ -14,14 +16,18 @@ to ``pipeline.handle``. What lives where::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+import httpx
 from prometheus_client import CollectorRegistry
 
+from taogate import h1
 from taogate.control.discovery import Discovery, Resolver, discovered_specs, system_resolver
 from taogate.control.http import control_client, control_timeouts
 from taogate.control.kv_events import KvEventsSubscriber, require_precise
@@ -34,7 +40,7 @@ from taogate.dispatch.policy import Policy, make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.token_ids import MAX_PREFIX_TOKENS, PromptTokenizer, load_prompt_tokenizer
 from taogate.dispatch.tokens import TokenizerUnavailable, load_exact_counter
-from taogate.fleet.dispatcher import Dispatcher
+from taogate.fleet.dispatcher import Dispatcher, QueueRules
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.fleet.instance import InstanceSpec
@@ -45,15 +51,29 @@ from taogate.observe.history import HISTORY_INTERVAL, History, sample
 from taogate.observe.metrics import FleetCollector, GatewayMetrics, KeysCollector
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.intake import Intake
-from taogate.proxy.pipeline import Pipeline
+from taogate.proxy.pipeline import InFlight, Pipeline
+from taogate.proxy.responses import ResponseIds
 from taogate.proxy.retry import RetryBudget
-from taogate.proxy.upstream import Upstream
+from taogate.proxy.upstream import Upstream, hop_limits
 from taogate.settings import ConfigError, Settings
 from taogate.tenancy.keys import KeyTable
 from taogate.tenancy.limiter import Limiter
 from taogate.tenancy.store import RedisStore
 
 log = logging.getLogger("taogate.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What one config builds (``Gateway._build``), swapped in whole by ``Gateway._install``."""
+
+    settings: Settings
+    keys: KeyCheck  # the client keys, their limits and weights
+    specs: list[InstanceSpec]  # the instances it names, with those discovery found
+    rules: QueueRules  # the dispatch policy and the queue's bounds
+    hop: h1.Limits  # the proxied hop's timeouts and bounds
+    control: httpx.Timeout  # the control plane's timeouts
+    pipeline: Pipeline  # keys, intake, accounting, retry budget: the requests from now on
 
 
 class Gateway:
@@ -75,17 +95,21 @@ class Gateway:
         self._settings_source = settings_source
         self._access_sink = access_sink  # where access lines go instead of logging records (cli)
         self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by discovery
+        # What outlives a config (a reload carries each into the new parts by name): learned speeds
+        # and characters per token, the instances (leases in flight, KV-event indexes, breakers,
+        # cache models), the wait queue, the pool's connections, the control plane's client, the
+        # response ids clients chose, the requests in flight, the metrics, history and discovery.
         keys = self._keys(settings)
         # Learned speeds are rebuilt at most every 5 ms: at high request rates, once per response
         # would cost more than the rest of the learning.
         self.speeds = SpeedEstimator(rebuild_every=0.005, clock=clock)
-        tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
-        # Optional exact counts for plain text; TokenizerUnavailable names what is missing.
-        exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None
+        self.tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
+        # Optional exact counts for plain text; TokenizerUnavailable names what is missing. The
+        # tokenizer is the process's: a reload cannot change it.
+        self._exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None
         require_precise(settings)
-        prompt_tokenizer = self._prompt_tokenizer(settings)
+        self._prompt_tokenizer = self._load_prompt_tokenizer(settings)
         self.fleet = Fleet(settings, self.speeds)
-        self.fleet.apply(settings, self._specs(settings))
         self.dispatcher = Dispatcher(
             self.fleet,
             self._make_policy(settings),
@@ -107,15 +131,6 @@ class Gateway:
         self.metrics = GatewayMetrics(self.registry)
         self.registry.register(FleetCollector(self.fleet, self.dispatcher, clock))
         self.registry.register(KeysCollector(self.limiter))
-        self.accounting = Accounting(
-            self.metrics,
-            self.fleet,
-            tokens,
-            self.speeds,
-            AccessLog(settings.gateway.log_format, access_sink),
-            clock,
-            settings.prefill.tag,
-        )
         self.events = FleetEvents(
             self.fleet,
             self.dispatcher,
@@ -126,21 +141,10 @@ class Gateway:
         self.upstream = Upstream(settings.gateway)
         self.client = control_client(settings.gateway)  # probes, scrapes, warm-up, admin calls
         self.dropped = DroppedResponses()  # hides the server's complaint about our deliberate drops
-        self.pipeline = Pipeline(
-            settings,
-            keys,
-            intake=Intake(settings, tokens, exact, blocks=prompt_tokenizer, scope=self._precise_scope),
-            dispatcher=self.dispatcher,
-            limiter=self.limiter,
-            upstream=self.upstream,
-            accounting=self.accounting,
-            metrics=self.metrics,
-            budget=RetryBudget(ratio=settings.dispatch.retry.budget_ratio, min_per_window=3, window=10.0),
-            events=self.events,
-            dropped=self.dropped,
-            clock=clock,
-            rng=rng,
-        )
+        self.responses = ResponseIds(clock)
+        self.inflight = InFlight()
+        self._rng = rng
+        self._install(self._build(settings, self._specs(settings), None))
         current = self._current
         warm_up = Warmup(self.client, self.speeds, current)
         self.probes = HealthProbes(
@@ -150,7 +154,7 @@ class Gateway:
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()
         # precise mode: instances with kv_events, when requests' own token ids can be made
-        self.kv_events = KvEventsSubscriber(self.fleet, precise=prompt_tokenizer is not None)
+        self.kv_events = KvEventsSubscriber(self.fleet, precise=self._prompt_tokenizer is not None)
         self._background = Background()
 
     def _current(self) -> Settings:
@@ -167,11 +171,15 @@ class Gateway:
         return self.pipeline.keys
 
     @property
+    def accounting(self) -> Accounting:
+        return self.pipeline.accounting
+
+    @property
     def accepting(self) -> bool:
         return self.pipeline.accepting
 
     @staticmethod
-    def _prompt_tokenizer(settings: Settings) -> PromptTokenizer | None:
+    def _load_prompt_tokenizer(settings: Settings) -> PromptTokenizer | None:
         """The request's own token ids, for instances whose KV events are indexed (precise mode):
         needs ``[prefill] tokenizer``; without it those instances use the approximate model. Built
         whenever the tokenizer is set (it cannot change on reload, ``kv_events`` can); its packages
@@ -245,34 +253,19 @@ class Gateway:
         return self.reload(self._settings_source())
 
     def reload(self, settings: Settings) -> tuple[list[str], list[str], list[str]]:
-        """Apply a new validated config; in-flight requests keep their leases."""
-        keys = self._keys(settings)
+        """Apply a new validated config: its parts are built first (a ConfigError changes nothing),
+        then swapped in at one place. In-flight requests finish on the parts they started with."""
         old = self.settings
         # Another DNS name: its addresses come with the next resolution.
         discovered = self.discovered if settings.discovery.dns == old.discovery.dns else []
         specs = self._specs(settings, discovered)  # may raise ConfigError: before anything changes
         require_precise(settings)
-        self.discovered = discovered
+        parts = self._build(settings, specs, self.pipeline)
         restart_only = old.restart_only_changes(settings)
         if restart_only:
             log.warning("reload: %s take effect only after a restart", ", ".join(restart_only))
-        policy_changed = old.dispatch.policy_key != settings.dispatch.policy_key
-        self.settings = settings
-        self.pipeline.configure(settings, keys)
-        self.limiter.configure(keys.table, settings.limits)  # added and revoked keys, at once
-        self.dispatcher.fair.configure({t.name: t.weight for t in keys.table})
-        changes = self.fleet.apply(settings, specs)
-        self.accounting.access = AccessLog(settings.gateway.log_format, self._access_sink)
-        self.accounting.long_tag = settings.prefill.tag
-        self.upstream.configure(settings.gateway)
-        self.client.timeout = control_timeouts(settings.gateway)
-        d = settings.dispatch
-        if policy_changed:  # a rebuilt policy forgets its rotation (the caches' state is the instances')
-            self.dispatcher.policy = self._make_policy(settings)
-        self.dispatcher.queue_size = d.queue_size
-        self.dispatcher.queue_timeout = d.queue_timeout
-        self.dispatcher.oldest_every = d.oldest_every
-        self.pipeline.budget.ratio = d.retry.budget_ratio
+        self.discovered = discovered
+        changes = self._install(parts)
         self._probe_new()
         self.kv_events.sync()
         self.dispatcher.pump()
@@ -281,6 +274,68 @@ class Gateway:
             self.metrics.forget_instance(name)
         log.info("config reloaded: added %s, removed %s, changed %s", added, removed, changed)
         return changes
+
+    def _build(self, settings: Settings, specs: list[InstanceSpec], previous: Pipeline | None) -> Parts:
+        """Everything ``settings`` decides, built new. What outlives a config comes in by name: from
+        ``previous`` the learning of the access accounting and the retry budget's window, and the
+        policy itself while its kind is unchanged (a rebuilt one forgets its rotation)."""
+        d, g = settings.dispatch, settings.gateway
+        keys = self._keys(settings)
+        access = AccessLog(g.log_format, self._access_sink)
+        if previous is None:
+            accounting = Accounting(
+                self.metrics, self.fleet, self.tokens, self.speeds, access, self.clock, settings.prefill.tag
+            )
+            budget = RetryBudget(ratio=d.retry.budget_ratio, min_per_window=3, window=10.0)
+        else:
+            accounting = dataclasses.replace(
+                previous.accounting, access=access, long_tag=settings.prefill.tag
+            )
+            budget = previous.budget.reloaded(d.retry.budget_ratio)
+        policy = self.dispatcher.policy
+        if previous is not None and previous.settings.dispatch.policy_key != d.policy_key:
+            policy = self._make_policy(settings)
+        pipeline = Pipeline(
+            settings,
+            keys,
+            intake=Intake(
+                settings, self.tokens, self._exact, blocks=self._prompt_tokenizer, scope=self._precise_scope
+            ),
+            dispatcher=self.dispatcher,
+            limiter=self.limiter,
+            upstream=self.upstream,
+            accounting=accounting,
+            metrics=self.metrics,
+            budget=budget,
+            events=self.events,
+            dropped=self.dropped,
+            clock=self.clock,
+            rng=self._rng,
+            responses=self.responses,
+            inflight=self.inflight,
+        )
+        return Parts(
+            settings,
+            keys,
+            specs,
+            QueueRules(policy, d.queue_size, d.queue_timeout, d.oldest_every),
+            hop_limits(g),
+            control_timeouts(g),
+            pipeline,
+        )
+
+    def _install(self, parts: Parts) -> tuple[list[str], list[str], list[str]]:
+        """The one place a config takes effect: the new pipeline serves the requests from now on,
+        and each owner of kept state takes its new rules. Returns the fleet's changes."""
+        self.settings = parts.settings
+        self.pipeline = parts.pipeline
+        table = parts.keys.table
+        self.limiter.configure(table, parts.settings.limits)  # added and revoked keys, at once
+        self.dispatcher.fair.configure({t.name: t.weight for t in table})
+        self.dispatcher.rules = parts.rules
+        self.upstream.limits = parts.hop
+        self.client.timeout = parts.control
+        return self.fleet.apply(parts.settings, parts.specs)
 
     def _specs(self, settings: Settings, discovered: list[InstanceSpec] | None = None) -> list[InstanceSpec]:
         static = specs_from_settings(settings, self._environ)

@@ -1,5 +1,5 @@
 """h1 against instances that answer too much, forever or in a protocol it does not speak: each is a
-typed failure (httpx's ``RemoteProtocolError`` or ``ReadTimeout``, or ``h1.ResponseTooLarge``),
+typed failure (h1's ``RemoteProtocolError`` or ``ReadTimeout``, or ``ResponseTooLarge``),
 bounded in time and memory, and never an exception out of the protocol into the event loop."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import httpx
 import pytest
 
 from taogate import h1
@@ -56,26 +55,26 @@ async def _fails(handler: Handler, error: type[Exception], match: str, **kw: Any
 
 async def test_a_101_switching_protocols_is_a_protocol_error_not_a_traceback() -> None:
     head = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\nRAW"
-    await _fails(answering(head), httpx.RemoteProtocolError, "101 Switching Protocols")
+    await _fails(answering(head), h1.RemoteProtocolError, "101 Switching Protocols")
 
 
 async def test_a_malformed_answer_is_a_protocol_error() -> None:
-    await _fails(answering(b"HTTP/1.1 2000 Huh\r\n\r\n"), httpx.RemoteProtocolError, "malformed")
+    await _fails(answering(b"HTTP/1.1 2000 Huh\r\n\r\n"), h1.RemoteProtocolError, "malformed")
 
 
 async def test_a_response_head_over_the_limit_is_refused_early() -> None:
     big = [b"HTTP/1.1 200 OK\r\nx-big: ", *[b"a" * 65536] * 64]  # 4 MiB, never ending
-    await _fails(answering(*big), httpx.RemoteProtocolError, "head over 8192 bytes", max_header_bytes=8192)
+    await _fails(answering(*big), h1.RemoteProtocolError, "head over 8192 bytes", max_header_bytes=8192)
 
 
 async def test_too_many_response_header_fields_are_refused() -> None:
     fields = b"".join(b"x-%d: v\r\n" % i for i in range(30))
     head = b"HTTP/1.1 200 OK\r\n" + fields + b"content-length: 2\r\n\r\n{}"
-    await _fails(answering(head), httpx.RemoteProtocolError, "more than 20 response header", max_headers=20)
+    await _fails(answering(head), h1.RemoteProtocolError, "more than 20 response header", max_headers=20)
 
 
 async def test_endless_interim_replies_are_refused() -> None:
-    await _fails(answering(b"HTTP/1.1 100 Continue\r\n\r\n" * 50), httpx.RemoteProtocolError, "interim")
+    await _fails(answering(b"HTTP/1.1 100 Continue\r\n\r\n" * 50), h1.RemoteProtocolError, "interim")
 
 
 async def test_a_head_trickled_for_ever_times_out_in_all() -> None:
@@ -86,7 +85,7 @@ async def test_a_head_trickled_for_ever_times_out_in_all() -> None:
             writer.write(b"x-a: b\r\n")
             await asyncio.sleep(0.05)
 
-    await _fails(trickle, httpx.ReadTimeout, "kept trickling", read_timeout=0.5)
+    await _fails(trickle, h1.ReadTimeout, "kept trickling", read_timeout=0.5)
 
 
 async def test_trailers_are_not_headers() -> None:
@@ -124,7 +123,7 @@ async def test_a_body_trickled_for_ever_times_out_within_the_deadline() -> None:
         r = await p.request(s.origin, b"/", [], b"")
         loop = asyncio.get_running_loop()
         started = loop.time()
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(h1.ReadTimeout):
             await r.aread(within=0.3)
         assert loop.time() - started < 2.0
         assert p.open_connections == 0

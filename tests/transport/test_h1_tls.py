@@ -96,7 +96,7 @@ async def test_an_untrusted_certificate_is_a_connect_error(ca: trustme.CA) -> No
     async with tls_server(server_context(ca)) as (origin, seen):
         p = pool(ssl.create_default_context())  # the system's CAs: they never signed the test CA
         try:
-            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            with pytest.raises(h1.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 await p.request(origin, b"/health", [], b"")
         finally:
             await p.aclose()
@@ -107,7 +107,7 @@ async def test_a_certificate_for_another_name_is_a_connect_error(ca: trustme.CA)
     async with tls_server(server_context(ca, host="instance.example")) as (origin, _):
         p = pool(client_context(ca))
         try:
-            with pytest.raises(httpx.ConnectError):
+            with pytest.raises(h1.ConnectError):
                 await p.request(origin, b"/health", [], b"")
         finally:
             await p.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -90,7 +91,7 @@ def test_property_the_oldest_waiter_is_never_passed_over_every_times(
 
 def one_slot(oldest_every: int) -> tuple[Dispatcher, Lease]:
     _, d = one_slot_fleet(queue_timeout=30)
-    d.queue_size, d.oldest_every = 1000, oldest_every
+    d.rules = dataclasses.replace(d.rules, queue_size=1000, oldest_every=oldest_every)
     held = d.try_acquire(RequestFacts(None, 10, False))
     assert held is not None
     return d, held[0]

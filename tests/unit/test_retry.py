@@ -1,4 +1,5 @@
-"""Failover policy: backoff bounds, what is retryable, and the retry budget's bound."""
+"""Failover policy: backoff bounds, what is retryable, the retry budget's bound, and what follows a
+failed attempt (judged without I/O)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogate.proxy.retry import FailureKind, RetryBudget, Verdict, backoff, classify
+from taogate import h1
+from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
+from taogate.proxy.retry import (
+    AttemptFailure,
+    Failure,
+    FailureKind,
+    Next,
+    RetryBudget,
+    Verdict,
+    backoff,
+    classify,
+    judge,
+)
+from taogate.proxy.upstream import failure_of
 
 # -- backoff -------------------------------------------------------------------------------------
 
@@ -120,14 +134,17 @@ def test_budget_window_slides() -> None:
     assert b.counts(100.0) == (0, 0)
 
 
-def test_budget_ratio_can_be_reloaded() -> None:
-    b = RetryBudget(ratio=0.0, min_per_window=0, window=10.0)
-    b.record_request(0.0)
-    assert not b.try_spend(0.0)
-    b.ratio = 1.0
-    assert b.ratio == 1.0 and b.try_spend(0.0)
+def test_a_reloaded_budget_has_its_own_ratio_over_the_same_window() -> None:
+    old = RetryBudget(ratio=0.0, min_per_window=0, window=10.0)
+    old.record_request(0.0)
+    assert not old.try_spend(0.0)
+    new = old.reloaded(1.0)
+    assert new.ratio == 1.0 and old.ratio == 0.0
+    assert new.counts(0.0) == (1, 0) and new.try_spend(0.0)
+    old.record_request(0.5)  # a request still in flight under the old config counts for both
+    assert old.counts(0.5) == new.counts(0.5) == (2, 1)
     with pytest.raises(ValueError):
-        b.ratio = -0.5
+        old.reloaded(-0.5)
 
 
 def test_budget_rejects_bad_config() -> None:
@@ -172,3 +189,91 @@ def test_budget_never_exceeds_ratio_times_requests_plus_min(
         # window before the retry does: a sliding budget bounds its decisions, not history.)
         if granted:
             assert within(retries) <= ratio * within(requests) + minimum
+
+
+def test_has_room_is_what_try_spend_would_do_and_takes_nothing() -> None:
+    b = RetryBudget(ratio=0.0, min_per_window=1, window=10.0)
+    assert b.has_room(0.0) and b.has_room(0.0)
+    assert b.try_spend(0.0)
+    assert not b.has_room(0.0) and not b.try_spend(0.0)
+
+
+# -- judging -------------------------------------------------------------------------------------
+
+HOP_KINDS = [k for k in FailureKind if k is not FailureKind.STATUS]
+failures = st.one_of(
+    st.builds(
+        Failure,
+        st.sampled_from(HOP_KINDS),
+        st.text(max_size=20),
+        st.none(),
+        st.booleans(),
+    ),
+    st.builds(Failure, st.just(FailureKind.STATUS), st.just("HTTP"), st.integers(400, 599), st.booleans()),
+)
+
+
+@given(failure=failures, room=st.booleans())
+def test_judging_follows_the_classification(failure: Failure, room: bool) -> None:
+    verdict = classify(failure.kind, status=failure.status)
+    j = judge(failure, "a", room)
+    assert j.reason == verdict.reason
+    assert j.blame == (verdict.instance_fault or failure.malformed)
+    assert (j.next is Next.RETRY) == (verdict.retry and room)
+    assert j.denied == (verdict.retry and not room)
+    if failure.kind is FailureKind.STATUS:
+        assert j.next in (Next.RETRY, Next.RELAY)  # an instance's answer is never swapped for ours
+    else:
+        assert j.next in (Next.RETRY, Next.ANSWER)  # a failed hop has nothing to relay
+    ends = j.exception()
+    if j.next is Next.RETRY:
+        assert isinstance(ends, AttemptFailure) and ends.reason == j.reason and ends.instance == "a"
+    else:
+        assert isinstance(ends, GatewayError)
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "status"),
+    [
+        (FailureKind.CONNECT, UpstreamError, 502),
+        (FailureKind.CLOSED, UpstreamError, 502),
+        (FailureKind.READ_TIMEOUT, UpstreamTimeout, 504),
+        (FailureKind.CONNECT_TIMEOUT, UpstreamTimeout, 504),
+        (FailureKind.POOL_TIMEOUT, NoInstance, 503),
+    ],
+)
+def test_a_failed_hop_without_room_is_the_gateways_own_error(
+    kind: FailureKind, error: type[GatewayError], status: int
+) -> None:
+    j = judge(Failure(kind, "why"), "inst-1", room=False)
+    ends = j.exception()
+    assert j.next is Next.ANSWER and type(ends) is error and ends.status == status
+    assert "inst-1" in ends.message or kind is FailureKind.POOL_TIMEOUT
+
+
+def test_a_malformed_answer_is_blamed_where_a_closed_connection_is_not() -> None:
+    assert not judge(Failure(FailureKind.CLOSED, "closed"), "a", room=True).blame
+    assert judge(Failure(FailureKind.CLOSED, "101", malformed=True), "a", room=True).blame
+
+
+# -- the hop's failures --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (h1.ConnectError("x"), FailureKind.CONNECT),
+        (h1.ConnectTimeout("x"), FailureKind.CONNECT_TIMEOUT),
+        (h1.PoolTimeout("x"), FailureKind.POOL_TIMEOUT),
+        (h1.ReadTimeout("x"), FailureKind.READ_TIMEOUT),
+        (h1.WriteTimeout("x"), FailureKind.READ_TIMEOUT),
+        (h1.RemoteProtocolError("x"), FailureKind.CLOSED),
+        (h1.MalformedResponse("x"), FailureKind.CLOSED),
+        (h1.WriteError("x"), FailureKind.CLOSED),
+        (h1.TransportError("x"), FailureKind.CLOSED),
+    ],
+)
+def test_every_failure_of_the_hop_has_a_kind(exc: h1.TransportError, kind: FailureKind) -> None:
+    failure = failure_of(exc)
+    assert failure.kind is kind and failure.status is None
+    assert failure.malformed == isinstance(exc, h1.MalformedResponse)

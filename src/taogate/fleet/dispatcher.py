@@ -70,6 +70,17 @@ class DrainRate:
             stamps.popleft()
 
 
+@dataclass(frozen=True, slots=True)
+class QueueRules:
+    """What a config decides for the dispatcher: its policy and its queue's bounds (one value, so a
+    reload hands over a new one whole; the queue and the requests in it stay)."""
+
+    policy: Policy
+    queue_size: int
+    queue_timeout: float
+    oldest_every: int = 4
+
+
 class Dispatcher:
     """Owns the gateway wait queue; one per gateway."""
 
@@ -84,9 +95,7 @@ class Dispatcher:
         oldest_every: int = 4,
     ) -> None:
         self.fleet = fleet
-        self.policy = policy
-        self.queue_size = queue_size
-        self.queue_timeout = queue_timeout
+        self._rules = QueueRules(policy, queue_size, queue_timeout, oldest_every)
         self._clock = clock
         self.fair = FairShare()  # tokens served per client key: charged at dispatch, settled at the end
         self._waiters: FairOrder[_Waiter] = FairOrder(oldest_every, self.fair)
@@ -94,12 +103,26 @@ class Dispatcher:
         self._drain = DrainRate()
 
     @property
-    def oldest_every(self) -> int:
-        return self._waiters.oldest_every
+    def rules(self) -> QueueRules:
+        return self._rules
 
-    @oldest_every.setter
-    def oldest_every(self, value: int) -> None:
-        self._waiters.oldest_every = value
+    @rules.setter
+    def rules(self, rules: QueueRules) -> None:
+        """A reloaded config's rules, for the requests from now on and those already queued."""
+        self._rules = rules
+        self._waiters.oldest_every = rules.oldest_every
+
+    @property
+    def policy(self) -> Policy:
+        return self._rules.policy
+
+    @property
+    def queue_size(self) -> int:
+        return self._rules.queue_size
+
+    @property
+    def queue_timeout(self) -> float:
+        return self._rules.queue_timeout
 
     @property
     def queued(self) -> int:
@@ -112,7 +135,7 @@ class Dispatcher:
     def _try(self, facts: RequestFacts, exclude: frozenset[str]) -> tuple[Lease, Send] | Wait | Refuse:
         now = self._clock()
         views: list[InstanceView] = self.fleet.views(now)
-        decision = decide(facts, views, self.policy, exclude)
+        decision = decide(facts, views, self._rules.policy, exclude)
         if isinstance(decision, Send):
             receipt = self._receipt(facts, views, decision, exclude) if facts.receipt else None
             inst = self.fleet.get(decision.instance)

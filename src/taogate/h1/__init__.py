@@ -1,36 +1,67 @@
-"""HTTP/1.1 to the instances, on asyncio protocols and httptools' parser: the proxied request's hop.
+"""HTTP/1.1 to the instances on asyncio protocols and httptools' parser: the proxied request's hop.
 
-A proxy needs a small slice of an HTTP client: POST a body it already holds to a known origin, read
-a status and headers, relay the body as it arrives, reuse the connection. No redirects, cookies,
-decompression, proxies or multipart; TLS comes from asyncio. It runs on every proxied request, and
-this slice costs a fraction of a general client's CPU (``benchmarks/overhead.py`` measures it
-against the same proxy on aiohttp and on httpx). Everything else uses httpx.
+A proxy's slice of a client: send a body (held, or an upload as it arrives, with flow control) to a
+known origin, read status and headers, relay the body as it arrives, reuse the connection; TLS from
+asyncio. A response closed before its end aborts the connection (vLLM then frees the slot); one
+read to its end goes back to the pool. A request on a kept-alive connection the server closed as
+it was sent (nothing came back) is sent once more on a fresh one. What it raises (``h1.errors``)::
 
-Per connection, one protocol object parses responses with httptools; a ``Response`` hands the body
-to the relay chunk by chunk with flow control (reading pauses while a slow client lags behind). A
-response closed before its end aborts the connection, so vLLM sees the disconnect and frees the
-slot; one read to its end goes back to the pool.
-
-Failures are httpx's own exception classes, so the proxied hop and the control plane speak one
-vocabulary (``proxy.upstream.translate`` maps them onto retry decisions)::
-
-    httpx.ConnectError         nothing was sent: refused, unreachable, DNS
-    httpx.ConnectTimeout       no connection in time
-    httpx.PoolTimeout          no free slot in our own pool in time (says nothing about the instance)
-    httpx.RemoteProtocolError  the connection closed, or the reply was malformed, before the answer was whole
-      MalformedResponse        of those, a reply malformed or over the limits (the instance's doing)
-    httpx.ReadTimeout          the instance was silent for longer than the read timeout, or
-                               trickled its head for longer than that in all
-    ResponseTooLarge           a body read whole is over the limit asked for (not a transport error)
-
-A request on a reused keep-alive connection that the server closed at that moment (nothing of a
-reply came back) is sent again once on a fresh connection, as HTTP clients do for idle races.
+    H1Error
+    ├── TransportError              the request did not get a whole answer
+    │   ├── TimeoutException
+    │   │   ├── ConnectTimeout      no connection in time
+    │   │   ├── PoolTimeout         no free slot in our own pool (says nothing about the instance)
+    │   │   ├── ReadTimeout         silence, or a head (or body read whole) trickled too long
+    │   │   └── WriteTimeout        the instance read none of a streamed body for too long
+    │   ├── NetworkError
+    │   │   ├── ConnectError        nothing was sent: refused, unreachable, DNS, TLS
+    │   │   └── WriteError          the connection closed while a streamed body was sent
+    │   └── RemoteProtocolError     closed, or malformed, before the answer was whole
+    │       └── MalformedResponse   malformed or over the limits: the instance's doing
+    ├── InvalidRequest              a target or header that would split the request: not sent
+    └── ResponseTooLarge            a body read whole is over the limit asked for
 """
 
 from __future__ import annotations
 
-from .connection import MalformedResponse, Response, ResponseTooLarge
+from .errors import (
+    ConnectError,
+    ConnectTimeout,
+    H1Error,
+    InvalidRequest,
+    MalformedResponse,
+    NetworkError,
+    PoolTimeout,
+    ReadTimeout,
+    RemoteProtocolError,
+    ResponseTooLarge,
+    TimeoutException,
+    TransportError,
+    WriteError,
+    WriteTimeout,
+)
+from .limits import Limits
 from .origin import Origin
 from .pool import Pool
+from .response import Response
 
-__all__ = ["MalformedResponse", "Origin", "Pool", "Response", "ResponseTooLarge"]
+__all__ = [
+    "ConnectError",
+    "ConnectTimeout",
+    "H1Error",
+    "InvalidRequest",
+    "Limits",
+    "MalformedResponse",
+    "NetworkError",
+    "Origin",
+    "Pool",
+    "PoolTimeout",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "Response",
+    "ResponseTooLarge",
+    "TimeoutException",
+    "TransportError",
+    "WriteError",
+    "WriteTimeout",
+]

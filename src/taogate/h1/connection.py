@@ -1,5 +1,5 @@
-"""One keep-alive connection to an instance (an asyncio protocol parsing with httptools), and the
-``Response`` it feeds: status and headers, then the body chunk by chunk with flow control.
+"""One keep-alive connection to an instance: an asyncio protocol parsing with httptools, feeding
+its ``Response`` (``h1.response``); a request body held whole, or sent as it arrives.
 
 Whatever httptools raises (a malformed reply, a ``101 Switching Protocols``, which is not even an
 ``HttpParserError``, a head over the pool's limits) fails the response with ``MalformedResponse``
@@ -11,32 +11,19 @@ not headers (RFC 9110 §6.5.1): they are dropped."""
 from __future__ import annotations
 
 import asyncio
-import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable
 from typing import Final, Protocol, cast
 
 import httptools
-from httpx import ReadTimeout, RemoteProtocolError, TransportError
 
+from .errors import MalformedResponse, ReadTimeout, RemoteProtocolError, WriteError, WriteTimeout
+from .limits import Limits
 from .origin import Origin
+from .response import HIGH_WATER, Response
 
-__all__ = ["Connection", "MalformedResponse", "Owner", "Response", "ResponseTooLarge"]
+__all__ = ["Connection", "Owner"]
 
-_HIGH_WATER: Final = 256 * 1024  # buffered body bytes at which reading pauses (until drained)
 _MAX_INTERIM: Final = 8  # 1xx replies before the answer (100 Continue, 103 Early Hints)
-
-
-class ResponseTooLarge(Exception):
-    """A body read whole (``Response.aread``) is larger than the limit asked for."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the answer's body exceeds {limit} bytes")
-        self.limit = limit
-
-
-class MalformedResponse(RemoteProtocolError):
-    """The instance answered, but not in HTTP/1.1 this client takes: malformed, an upgrade, or a
-    head over the pool's limits (the connection itself was fine: this is the instance's doing)."""
 
 
 class _Refused(Exception):
@@ -47,144 +34,11 @@ class Owner(Protocol):
     """What a connection needs from its pool."""
 
     @property
-    def read_timeout(self) -> float | None: ...
-
-    @property
-    def max_header_bytes(self) -> int: ...
-
-    @property
-    def max_headers(self) -> int: ...
+    def limits(self) -> Limits: ...
 
     def _release(self, conn: Connection) -> None: ...
 
     def _forget(self, conn: Connection) -> None: ...
-
-
-class Response:
-    """One response being received: status and headers first, then the body as it arrives."""
-
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_conn",
-        "_error",
-        "_wait_started",
-        "_waiter",
-        "complete",
-        "deadline",
-        "headers_done",
-        "keep_alive",
-        "raw_headers",
-        "received",
-        "status_code",
-    )
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn: Connection | None = conn
-        self.status_code = 0
-        self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.headers_done = False
-        self.complete = False
-        self.keep_alive = False
-        self.received = False  # any byte of the reply arrived
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._error: TransportError | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._wait_started = 0.0
-        self.deadline: float | None = None  # loop time by which the head (then a whole body) is in
-
-    # -- consumer side -------------------------------------------------------------------------
-    def header(self, name: str) -> str:
-        """The first value of header ``name`` (case-insensitive), or ''."""
-        want = name.lower().encode()
-        for k, v in self.raw_headers:
-            if k.lower() == want:
-                return v.decode("latin-1")
-        return ""
-
-    async def aread(self, limit: int | None = None, within: float | None = None) -> bytes:
-        """The whole body: at most ``limit`` bytes (else ``ResponseTooLarge``, the connection
-        aborted), all in within ``within`` seconds (else ``ReadTimeout``)."""
-        if self.complete and self._error is None:  # all of it is here already (small answers)
-            data = self._take()
-            self.close()
-            if limit is not None and len(data) > limit:
-                raise ResponseTooLarge(limit)
-            return data
-        conn = self._conn
-        if within is not None and conn is not None:
-            self.deadline = conn.loop.time() + within
-            conn.rearm_timer()
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in self.aiter_raw():
-            size += len(chunk)
-            if limit is not None and size > limit:
-                self.close()
-                raise ResponseTooLarge(limit)
-            parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (de-chunked), whatever is buffered joined into one piece."""
-        while True:
-            if self._chunks:
-                data = self._take()
-                conn = self._conn
-                if conn is not None and conn.paused:
-                    conn.resume()
-                yield data
-                continue
-            if self._error is not None:
-                raise self._error
-            if self.complete:
-                self.close()  # read to the end: the connection goes back to the pool at once
-                return
-            await self._wait()
-
-    def _take(self) -> bytes:
-        """Everything buffered, as one piece; the buffer is empty after."""
-        chunks = self._chunks
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        return data
-
-    def close(self) -> None:
-        """Done with this response: a connection whose reply was read to its end is reused, any
-        other is aborted (for an unfinished reply, that is what tells vLLM to stop)."""
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if self.complete and self._error is None and self.keep_alive:
-            conn.release()
-        else:
-            conn.abort()
-
-    # -- producer side (the connection) ---------------------------------------------------------
-    async def _wait(self) -> None:
-        conn = self._conn
-        assert conn is not None, "response already closed"
-        loop = conn.loop
-        fut = loop.create_future()
-        self._waiter = fut
-        self._wait_started = loop.time()
-        conn.arm_timer()
-        try:
-            await fut
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        fut = self._waiter
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    def _fail(self, error: TransportError) -> None:
-        if self._error is None and not self.complete:
-            self._error = error
-        self._wake()
 
 
 class Connection(asyncio.Protocol):
@@ -200,10 +54,12 @@ class Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.counted = True  # holds one of the pool's connection slots
         self.closed = False
+        self.reusable = True
         self.paused = False
         self.idle_since = 0.0
         self.last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._writable: asyncio.Future[None] | None = None  # set while the transport's buffer is full
         self._interim = False  # parsing a 1xx reply (100 Continue, 103 Early Hints): skipped
         self._extra = False  # a second reply to one request: ignored, the connection not reused
         self._progress = False  # the parser got past a head, a body piece or a message this read
@@ -242,16 +98,26 @@ class Connection(asyncio.Protocol):
             self._stalled = 0
             return
         self._stalled += len(data)  # a head (or trailers) that has not ended yet
-        limit = self.pool.max_header_bytes
+        limit = self.pool.limits.max_header_bytes
         if self._stalled > limit:
             self._refuse(r, f"sent a response head over {limit} bytes")
 
     def _refuse(self, r: Response, why: str) -> None:
-        r._fail(MalformedResponse(f"{self.origin.host}:{self.origin.port} {why}"))
+        r._fail(MalformedResponse, f"{self.origin.host}:{self.origin.port} {why}")
         self.abort()
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        fut, self._writable = self._writable, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.resume_writing()  # a body being sent stops at its next chunk
         self.parser = None  # the cycle through its callbacks: refcounting frees this connection now
         self._cancel_timer()
         self.pool._forget(self)
@@ -264,7 +130,7 @@ class Connection(asyncio.Protocol):
             r._wake()
             return
         why = f" ({type(exc).__name__}: {exc})" if exc else ""
-        r._fail(RemoteProtocolError(f"connection closed before a complete answer{why}"))
+        r._fail(RemoteProtocolError, f"connection closed before a complete answer{why}")
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -280,9 +146,9 @@ class Connection(asyncio.Protocol):
         if self._extra or r.headers_done:
             return  # an extra reply's, or a trailer field (never merged into the headers)
         self._fields += 1
-        if self._fields > self.pool.max_headers:
-            raise _Refused(f"sent more than {self.pool.max_headers} response header fields")
-        r.raw_headers.append((name, value))
+        if self._fields > self.pool.limits.max_headers:
+            raise _Refused(f"sent more than {self.pool.limits.max_headers} response header fields")
+        r.raw_headers.append((name.lower(), value))  # once here, not at each look-up
 
     def on_headers_complete(self) -> None:
         r = self.response
@@ -314,7 +180,7 @@ class Connection(asyncio.Protocol):
             return
         r._chunks.append(body)
         r._buffered += len(body)
-        if r._buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+        if r._buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
         r._wake()
@@ -337,12 +203,13 @@ class Connection(asyncio.Protocol):
 
     # -- the connection's life -----------------------------------------------------------------
     def send(self, head: bytes, body: bytes) -> Response:
+        """Send a request whose body is all here; its response to come."""
         assert self.transport is not None and self.response is None
         r = Response(self)
         self.response = r
-        self.last_read = now = self.loop.time()
         self._interims = 0
-        timeout = self.pool.read_timeout
+        self.last_read = now = self.loop.time()
+        timeout = self.pool.limits.read_timeout
         if timeout is not None:  # the head in all, not only between reads: a trickle ends too
             r.deadline = now + timeout
         if len(body) < 65536:  # one write; a large body is not copied to be joined
@@ -352,14 +219,71 @@ class Connection(asyncio.Protocol):
             self.transport.write(body)
         return r
 
+    def body_sent(self) -> None:
+        """The request is all sent: the answer's head is due within the read timeout, in all (not
+        only between reads: a trickle ends too)."""
+        self.last_read = now = self.loop.time()
+        timeout = self.pool.limits.read_timeout
+        r = self.response
+        if timeout is not None and r is not None:
+            r.deadline = now + timeout
+
+    def start(self, head: bytes) -> Response:
+        """Send a request's head; its body follows (``write_body``)."""
+        assert self.transport is not None and self.response is None
+        r = Response(self)
+        self.response = r
+        self._interims = 0
+        self.transport.write(head)
+        return r
+
+    async def write_body(self, r: Response, body: AsyncIterable[bytes], chunked: bool) -> None:
+        """Send a body as it arrives, as fast as the instance reads it (each wait for room at most
+        the read timeout: ``WriteTimeout``). An instance that answers first gets none of the rest,
+        and the connection is not reused; one that hangs up first: ``WriteError``. The body's own
+        exceptions propagate."""
+        transport = self.transport
+        assert transport is not None
+        whole = False
+        async for chunk in body:
+            if self.closed and not r.headers_done:
+                where = f"{self.origin.host}:{self.origin.port}"
+                raise WriteError(f"{where} closed the connection while the request body was sent")
+            if self.closed or r.complete or r._failure is not None:
+                break
+            if chunk:
+                transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if self._writable is not None:
+                    await self._drain()
+        else:
+            whole = True
+            if chunked and not self.closed:
+                transport.write(b"0\r\n\r\n")
+        if not whole:
+            self.reusable = False  # what the instance read of this request is not what it was told
+        self.body_sent()
+
+    async def _drain(self) -> None:
+        fut = self._writable
+        timeout = self.pool.limits.read_timeout
+        if fut is None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(fut)
+        except TimeoutError:
+            where = f"{self.origin.host}:{self.origin.port}"
+            raise WriteTimeout(f"{where} read none of the request body for {timeout:g}s") from None
+
     def resume(self) -> None:
         self.paused = False
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
     def arm_timer(self) -> None:
-        if self._timer is None and self.pool.read_timeout is not None:
-            at = self.loop.time() + self.pool.read_timeout
+        timeout = self.pool.limits.read_timeout
+        if self._timer is None and timeout is not None:
+            at = self.loop.time() + timeout
             r = self.response
             if r is not None and r.deadline is not None and r.deadline < at:
                 at = r.deadline
@@ -375,8 +299,8 @@ class Connection(asyncio.Protocol):
         client downstream) is not the instance's silence."""
         self._timer = None
         r = self.response
-        timeout = self.pool.read_timeout
-        if r is None or r.complete or r._error is not None or timeout is None:
+        timeout = self.pool.limits.read_timeout
+        if r is None or r.complete or r._failure is not None or timeout is None:
             return
         now = self.loop.time()
         if r._waiter is None:
@@ -391,9 +315,9 @@ class Connection(asyncio.Protocol):
             return
         where = f"{self.origin.host}:{self.origin.port}"
         if now - max(self.last_read, r._wait_started) >= timeout:
-            r._fail(ReadTimeout(f"no data from {where} for {timeout:g}s"))
+            r._fail(ReadTimeout, f"no data from {where} for {timeout:g}s")
         else:
-            r._fail(ReadTimeout(f"{where} kept trickling: no complete answer in time"))
+            r._fail(ReadTimeout, f"{where} kept trickling: no complete answer in time")
         self.abort()
 
     def _cancel_timer(self) -> None:
@@ -405,7 +329,7 @@ class Connection(asyncio.Protocol):
         """The reply was read to its end: back to the pool."""
         self.response = None
         self._cancel_timer()
-        if self.closed or self.transport is None or self.transport.is_closing():
+        if self.closed or not self.reusable or self.transport is None or self.transport.is_closing():
             self.abort()
             return
         if self.paused:
@@ -423,7 +347,6 @@ class Connection(asyncio.Protocol):
 def _framed(r: Response) -> bool:
     """Whether the reply says where its body ends (else the end of the connection does)."""
     for k, v in r.raw_headers:
-        lk = k.lower()
-        if lk == b"content-length" or (lk == b"transfer-encoding" and b"chunked" in v.lower()):
+        if k == b"content-length" or (k == b"transfer-encoding" and b"chunked" in v.lower()):
             return True
     return False

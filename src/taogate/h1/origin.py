@@ -25,6 +25,8 @@ class Origin:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
+        if any(c <= " " or c == "\x7f" for c in parts.path):
+            raise ValueError(f"a control byte or space in the URL's path: {url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname
         shown = f"[{host}]" if ":" in host else host

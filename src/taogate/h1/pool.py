@@ -8,12 +8,14 @@ import collections
 import contextlib
 import socket
 import ssl
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 
-from httpx import ConnectError, ConnectTimeout, PoolTimeout, RemoteProtocolError
-
-from .connection import Connection, Response
+from .connection import Connection
+from .errors import ConnectError, ConnectTimeout, InvalidRequest, PoolTimeout, RemoteProtocolError
+from .limits import Limits
 from .origin import Origin
+from .response import Response
 
 __all__ = ["Pool"]
 
@@ -47,12 +49,8 @@ class Pool:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         self.limit = limit
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.pool_timeout = pool_timeout
+        self.limits = Limits(connect_timeout, read_timeout, pool_timeout, max_header_bytes, max_headers)
         self.keepalive = keepalive
-        self.max_header_bytes = max_header_bytes  # a reply's head, over it: RemoteProtocolError
-        self.max_headers = max_headers
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._open = 0
@@ -73,45 +71,68 @@ class Pool:
         origin: Origin,
         path: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        body: bytes | AsyncIterable[bytes],
         method: bytes = b"POST",
     ) -> Response:
-        """Send ``body`` to ``origin`` + ``path``; returns once the status and headers are in."""
-        parts = [method, b" ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
-        for k, v in headers:
-            parts += (k, b": ", v, b"\r\n")
-        if origin.basic_auth is not None and not any(k == b"authorization" for k, _ in headers):
-            parts += (b"authorization: ", origin.basic_auth, b"\r\n")
-        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n")
-        head = b"".join(parts)
-        for attempt in (1, 2):
+        """Send ``body`` to ``origin`` + ``path``; returns once the status and headers are in.
+
+        A body that is not ``bytes`` is sent as it arrives (chunked, unless ``headers`` give its
+        length), on a connection of its own choosing, never sent twice."""
+        if not isinstance(body, bytes):
+            return await self._stream(origin, path, headers, body, method)
+        head = _head(method, origin, path, headers, len(body))
+        retried = False
+        while True:
             # The common case, a warm idle connection, without another coroutine.
             idle = None if self._closed else self._pop_idle(origin, asyncio.get_running_loop().time())
             conn, reused = (idle, True) if idle is not None else await self._acquire(origin)
             r = conn.send(head, body)
             try:
                 while not r.headers_done:
-                    if r._error is not None:
-                        raise r._error
+                    if r._failure is not None:
+                        raise r.failure()
                     await r._wait()
             except RemoteProtocolError:
                 r.close()
-                if attempt == 1 and reused and not r.received:
-                    continue  # the server closed this idle connection as we sent: once more, fresh
-                raise
+                if retried or not reused or r.received:
+                    raise
+                retried = True  # the server closed this idle connection as we sent: once more, fresh
+                continue
             except BaseException:
                 r.close()
                 raise
             return r
-        raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _acquire(self, origin: Origin) -> tuple[Connection, bool]:
+    async def _stream(
+        self,
+        origin: Origin,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: AsyncIterable[bytes],
+        method: bytes,
+    ) -> Response:
+        head = _head(method, origin, path, headers, None)
+        chunked = head.endswith(b"transfer-encoding: chunked\r\n\r\n")
+        conn, _ = await self._acquire(origin, fresh=True)  # an idle one may be closing as we send
+        r = conn.start(head)
+        try:
+            await conn.write_body(r, body, chunked=chunked)
+            while not r.headers_done:
+                if r._failure is not None:
+                    raise r.failure()
+                await r._wait()
+        except BaseException:
+            r.close()
+            raise
+        return r
+
+    async def _acquire(self, origin: Origin, fresh: bool = False) -> tuple[Connection, bool]:
         if self._closed:
             raise ConnectError("the upstream pool is closed")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.pool_timeout
+        deadline = loop.time() + self.limits.pool_timeout
         while True:
-            conn = self._pop_idle(origin, loop.time())
+            conn = None if fresh else self._pop_idle(origin, loop.time())
             if conn is not None:
                 return conn, True
             if self._open < self.limit or self._evict_idle():
@@ -133,7 +154,7 @@ class Pool:
                 return handed, True
 
     def _pool_timeout_message(self) -> str:
-        return f"no free connection within {self.pool_timeout:g}s (all {self.limit} in use)"
+        return f"no free connection within {self.limits.pool_timeout:g}s (all {self.limit} in use)"
 
     def _abandon(self, waiter: _Waiter) -> None:
         """A waiter leaves (timeout, cancelled): what was handed to it at that moment passes on."""
@@ -183,7 +204,7 @@ class Pool:
         if tls and self._ssl is None:
             self._ssl = ssl.create_default_context()
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(self.limits.connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Connection(self, origin),
                     origin.host,
@@ -194,7 +215,7 @@ class Pool:
         except TimeoutError:
             self._slot_freed()
             raise ConnectTimeout(
-                f"no connection to {origin.host}:{origin.port} within {self.connect_timeout:g}s"
+                f"no connection to {origin.host}:{origin.port} within {self.limits.connect_timeout:g}s"
             ) from None
         except (OSError, ssl.SSLError) as exc:
             self._slot_freed()
@@ -258,3 +279,46 @@ class Pool:
                 waiter.future.set_result(None)
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports report their loss
+
+
+#: Every control byte but HTAB (CR and LF included) as NUL: the head's own line ends are two each,
+#: so one more anywhere is a byte that would split the request (or smuggle a NUL into it).
+_CONTROLS_AS_NUL = bytes(0 if (b < 0x20 and b != 0x09) or b == 0x7F else b for b in range(256))
+#: And in the target, any control or space (translate and count: the cheapest scan CPython has).
+_TARGET_AS_NUL = bytes(0 if b <= 0x20 or b == 0x7F else b for b in range(256))
+
+
+def _head(
+    method: bytes, origin: Origin, path: bytes, headers: list[tuple[bytes, bytes]], length: int | None
+) -> bytes:
+    """The request's head, framed by ``length`` (None: chunked, unless ``headers`` give a length);
+    ``InvalidRequest`` for a target or header field that would split it (CR, LF, NUL, other
+    controls; a space in the target)."""
+    parts = [method, b" ", origin.path, path, b" HTTP/1.1\r\nhost: ", origin.authority, b"\r\n"]
+    for k, v in headers:
+        parts += (k, b": ", v, b"\r\n")
+    lines = len(headers) + 3  # the request line, host, the empty line
+    if origin.basic_auth is not None and not any(k == b"authorization" for k, _ in headers):
+        parts += (b"authorization: ", origin.basic_auth, b"\r\n")
+        lines += 1
+    if length is not None:
+        parts += (b"content-length: ", str(length).encode(), b"\r\n\r\n")
+        lines += 1
+    elif not any(k.lower() == b"content-length" for k, _ in headers):
+        parts.append(b"transfer-encoding: chunked\r\n\r\n")
+        lines += 1
+    else:
+        parts.append(b"\r\n")
+    head = b"".join(parts)
+    if head.translate(_CONTROLS_AS_NUL).count(0) != 2 * lines or path.translate(_TARGET_AS_NUL).count(0):
+        raise InvalidRequest(_refusal(path, headers))
+    return head
+
+
+def _refusal(path: bytes, headers: list[tuple[bytes, bytes]]) -> str:
+    if path.translate(_TARGET_AS_NUL).count(0):
+        return f"the request target {path[:200]!r} carries a control byte or a space"
+    for k, v in headers:
+        if (k + v).translate(_CONTROLS_AS_NUL).count(0):
+            return f"the header field {k[:100]!r} carries CR, LF or a control byte"
+    return "the request's head carries CR, LF or a control byte"

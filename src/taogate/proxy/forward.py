@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 from taogate.errors import NotFound
 from taogate.fleet.instance import Instance, InstanceSpec
@@ -88,24 +89,26 @@ class Forward:
             self.ids.remember(self.chosen_id, instance)
 
 
-def upstream_path(route: Route, path: str, prefix: str, query: bytes) -> bytes:
-    """The path upstream: the route's, or for a stored response the request's own (less the
-    gateway's prefix); the query string goes along."""
+def upstream_path(route: Route, scope: dict[str, Any], prefix: str) -> bytes:
+    """The path upstream: the route's, or for a stored response the request's own as the client
+    sent it, still percent-encoded (less the gateway's prefix); the query string goes along."""
     if route.body == "none":
-        if prefix and path.startswith(prefix + "/"):
-            path = path[len(prefix) :]
-        out = path.encode()
+        out = scope.get("raw_path") or quote(scope["path"]).encode()
+        if prefix and out.startswith(prefix.encode() + b"/"):
+            out = out[len(prefix) :]
     else:
         out = route.upstream_path
+    query: bytes = scope.get("query_string", b"")
     return out + b"?" + query if query else out
 
 
 def item_id(path: bytes) -> str:
-    """The response id of ``/v1/responses/{id}`` or ``.../{id}/cancel``; NotFound for other paths."""
-    rest = path.split(b"?", 1)[0].decode()[len(RESPONSE_ITEM_PREFIX) :]
-    parts = rest.split("/")
+    """The response id of ``/v1/responses/{id}`` or ``.../{id}/cancel`` (percent-encoded, as
+    ``upstream_path`` leaves it); NotFound for other paths."""
+    rest = path.split(b"?", 1)[0].decode("latin-1")[len(RESPONSE_ITEM_PREFIX) :]
+    parts = [unquote(part) for part in rest.split("/")]
     if not parts[0] or len(parts) > 2 or (len(parts) == 2 and parts[1] != "cancel"):
-        raise NotFound(f"Unknown path {RESPONSE_ITEM_PREFIX}{rest}.")
+        raise NotFound(f"Unknown path {RESPONSE_ITEM_PREFIX}{unquote(rest)}.")
     return parts[0]
 
 
@@ -127,7 +130,7 @@ def plan(
 ) -> tuple[Forward, frozenset[str]]:
     """The request's upstream side, and the instances it must not go to (all but the one that holds
     the stored response it is about, when there is one)."""
-    path = upstream_path(route, scope["path"], prefix, scope.get("query_string", b""))
+    path = upstream_path(route, scope, prefix)
     # Unless the client asked for the report itself (a list of names: cheaper than a generator).
     ask_load = route.generates and not incoming.facts.stream and LOAD_REPORT[0] not in [k for k, _ in headers]
     body: bytes | StreamedBody = incoming.body

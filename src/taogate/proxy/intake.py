@@ -215,9 +215,6 @@ class Intake:
         self._blocks = blocks  # precise prefix-cache dispatch: the request's own token ids
         self._scope = scope
 
-    def configure(self, settings: Settings) -> None:
-        self._settings = settings
-
     async def read(
         self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive, ceiling: int = 0
     ) -> Incoming:

@@ -25,7 +25,7 @@ from starlette.types import Receive, Send
 from taogate import h1
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import ErrorShape, GatewayError, NoInstance, UpstreamError
+from taogate.errors import BadRequest, ErrorShape, GatewayError, NoInstance, UpstreamError
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.instance import Instance
@@ -41,14 +41,14 @@ from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
 from taogate.proxy.multipart import ClientLeft
 from taogate.proxy.relay import relay_sse, send_whole
 from taogate.proxy.responses import ResponseIds
-from taogate.proxy.retry import FailureKind, RetryBudget, backoff, classify
+from taogate.proxy.retry import AttemptFailure, Failure, Judgement, Next, RetryBudget, backoff, judge
 from taogate.proxy.routes import Route
 from taogate.proxy.upstream import (
     UPSTREAM_ERRORS,
-    AttemptFailure,
     Upstream,
     UpstreamResponse,
-    translate,
+    failure_of,
+    status_failure,
     upstream_headers,
 )
 from taogate.proxy.usage import usage_of_body
@@ -75,6 +75,8 @@ class Exchange:
     send: Send
     rec: RequestRecord
     exclude: frozenset[str] = frozenset()  # never these (a stored response lives elsewhere)
+    attempt: int = 0  # which attempt this is (1 = the first)
+    tried: frozenset[str] = frozenset()  # the instances tried so far, this attempt's included
     started: bool = False  # a response has begun downstream: no more retries, no error JSON
     finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
 
@@ -82,8 +84,23 @@ class Exchange:
         self.finished = True
 
 
+class InFlight:
+    """The requests being served, whichever config's pipeline serves them (a reload builds a new
+    pipeline and carries this over), and whether new ones are still taken."""
+
+    __slots__ = ("accepting", "count", "idle")
+
+    def __init__(self) -> None:
+        self.accepting = True
+        self.count = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+
 class Pipeline:
-    """Serves proxied requests; ``configure`` takes a reloaded config, ``drain`` ends the service."""
+    """Serves proxied requests under one config (a reload builds another: the gateway's ``Parts``);
+    ``drain`` ends the service. ``responses`` and ``inflight`` are carried from config to config.
+    """
 
     def __init__(
         self,
@@ -101,6 +118,8 @@ class Pipeline:
         dropped: DroppedResponses,
         clock: Callable[[], float],
         rng: Callable[[], float],
+        responses: ResponseIds,
+        inflight: InFlight,
     ) -> None:
         self.settings = settings
         self.keys = keys
@@ -115,32 +134,33 @@ class Pipeline:
         self.dropped = dropped
         self.clock = clock
         self._rng = rng
-        self.responses = ResponseIds(clock)
+        self.responses = responses
+        self.inflight = inflight
         self._prefix = settings.gateway.prefix  # a property that parses base_url: read once
-        self.accepting = True
-        self._active = 0  # requests being handled (for graceful shutdown)
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     @property
     def in_flight(self) -> int:
-        """Requests being handled here now, queued ones included."""
-        return self._active
+        """Requests being handled now, queued ones included (under any config)."""
+        return self.inflight.count
 
-    def configure(self, settings: Settings, keys: KeyCheck) -> None:
-        self.settings = settings
-        self.keys = keys
-        self._prefix = settings.gateway.prefix
-        self.intake.configure(settings)
+    @property
+    def accepting(self) -> bool:
+        return self.inflight.accepting
+
+    @accepting.setter
+    def accepting(self, value: bool) -> None:
+        """False: new requests are refused (503), under whichever config (a stop, the picker's)."""
+        self.inflight.accepting = value
 
     async def drain(self, grace: float) -> None:
         """Stop taking work; give the requests in flight ``grace`` seconds to finish."""
-        self.accepting = False
+        inflight = self.inflight
+        inflight.accepting = False
         self.dispatcher.fail_all(NoInstance("The gateway is shutting down.", retry_after=1))
-        if self._active:
-            log.info("stopping: %d requests in flight get %gs to finish", self._active, grace)
+        if inflight.count:
+            log.info("stopping: %d requests in flight get %gs to finish", inflight.count, grace)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace)
+                await asyncio.wait_for(inflight.idle.wait(), grace)
 
     async def handle(self, route: Route, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """Serve one proxied request end to end; every exit path is accounted and logged once."""
@@ -150,10 +170,11 @@ class Pipeline:
         ex: Exchange | None = None
         admission: Admission | None = None  # the client key's: held until the very end
         read = False  # the body is in: an error before that closes the connection
-        self._active += 1
-        self._idle.clear()
+        inflight = self.inflight
+        inflight.count += 1
+        inflight.idle.clear()
         try:
-            if not self.accepting:
+            if not inflight.accepting:
                 raise NoInstance("The gateway is shutting down.", retry_after=1)
             tenant = self.keys.check_request(headers, either=route.anthropic)
             incoming = await self.intake.read(route, headers, receive, tenant.max_priority)
@@ -199,9 +220,9 @@ class Pipeline:
                 )
                 await _send_error(send, route.errors, error, rid, close=not read)
         finally:
-            self._active -= 1
-            if not self._active:
-                self._idle.set()
+            inflight.count -= 1
+            if not inflight.count:
+                inflight.idle.set()
             self.limiter.release(admission, rec)
             self.accounting.record(rec)
 
@@ -273,21 +294,9 @@ class Pipeline:
             if pick.channel_fallback:
                 rec.channel_fallback = True
             self.metrics.child(self.metrics.decisions, self.settings.dispatch.strategy, pick.reason).inc()
-            tried = exclude | {lease.instance.name}
-
-            def may_retry(tried: frozenset[str] = tried, attempt: int = attempt) -> bool:
-                # Only when another instance could really take it (model, channel, health), or the
-                # instance's own answer would be swapped for a gateway 503.
-                now = self.clock()
-                return (
-                    attempt < retry.max_attempts
-                    and ex.forward.replayable
-                    and self.dispatcher.could_send(ex.facts, tried)
-                    and self.budget.try_spend(now)
-                )
-
+            ex.attempt, ex.tried = attempt, exclude | {lease.instance.name}
             try:
-                await self._attempt(ex, lease, may_retry)
+                await self._attempt(ex, lease)
                 return
             except AttemptFailure as failure:
                 rec.retries += 1
@@ -298,39 +307,37 @@ class Pipeline:
                     failure.detail,
                     failure.instance,
                 )
-                exclude = tried
+                exclude = ex.tried
             finally:
                 lease.release()
             await asyncio.sleep(backoff(attempt, retry.backoff_base, retry.backoff_max, self._rng()))
 
-    def _judge(
-        self,
-        ex: Exchange,
-        inst: Instance,
-        kind: FailureKind,
-        detail: str,
-        *,
-        may_retry: Callable[[], bool],
-        status: int | None = None,
-        malformed: bool = False,
-    ) -> None:
-        """Judge a failed attempt. Raises AttemptFailure when a retry elsewhere is granted; else,
-        for a transport failure, the gateway's own error; for an HTTP status, returns (the
-        instance's answer is relayed as it is). ``malformed``: the instance's answer broke the
-        protocol or a limit, which counts against it even where a closed connection would not."""
-        verdict = classify(kind, status=status)
-        if verdict.instance_fault or malformed:
+    def _room(self, ex: Exchange) -> bool:
+        """Whether another attempt may follow this one: attempts left, the body can be sent again,
+        another instance could really take it (model, channel, health), the budget has room."""
+        return (
+            ex.attempt < self.settings.dispatch.retry.max_attempts
+            and ex.forward.replayable
+            and self.dispatcher.could_send(ex.facts, ex.tried)
+            and self.budget.has_room(self.clock())
+        )
+
+    def _judged(self, ex: Exchange, inst: Instance, failure: Failure) -> Judgement:
+        """``retry.judge``'s verdict on a failed attempt, with its effects: the instance blamed,
+        the request's error accounted, a retry's budget spent."""
+        verdict = judge(failure, inst.name, self._room(ex))
+        if verdict.blame:
             self.events.request_failed(inst)
         ex.rec.error = verdict.reason
-        failure = AttemptFailure(verdict.reason, inst.name, detail)
-        if verdict.retry and may_retry():
-            raise failure
-        if verdict.retry:
+        if verdict.denied:
             self.metrics.retries_denied.labels(verdict.reason).inc()
-        if status is None:
-            raise failure.as_error()
+        if verdict.next is Next.RETRY:
+            self.budget.try_spend(self.clock())
+        return verdict
 
-    async def _attempt(self, ex: Exchange, lease: Lease, may_retry: Callable[[], bool]) -> None:
+    async def _attempt(self, ex: Exchange, lease: Lease) -> None:
+        """One attempt, in steps that each return or raise: the request sent (its answer's head),
+        its status judged, its body relayed."""
         inst = lease.instance
         forward = ex.forward
         headers, body = forward.to(inst.spec)
@@ -338,20 +345,20 @@ class Pipeline:
         try:
             response = await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
         except UPSTREAM_ERRORS as exc:
-            malformed = isinstance(exc, h1.MalformedResponse)
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
-            raise AssertionError("unreachable: _judge raises for transport failures") from exc
+            raise self._judged(ex, inst, failure_of(exc)).exception() from None
+        except h1.InvalidRequest as exc:
+            raise BadRequest(f"The request cannot be forwarded: {exc}.") from None
         try:
             status = response.status_code
             if status >= 400:
-                self._judge(
-                    ex, inst, FailureKind.STATUS, f"HTTP {status}", may_retry=may_retry, status=status
-                )
+                verdict = self._judged(ex, inst, status_failure(status))
+                if verdict.next is Next.RETRY:
+                    raise verdict.exception()  # else the instance's answer goes as it is
             complete = True
             if response.header("content-type").startswith("text/event-stream"):
                 complete = await self._relay_stream(ex, lease, response, sent_at)
             else:
-                await self._relay_whole(ex, lease, response, sent_at, may_retry)
+                await self._relay_whole(ex, lease, response, sent_at)
             if complete:
                 ex.rec.status = status
             if complete and status < 500:
@@ -364,12 +371,7 @@ class Pipeline:
             response.close()
 
     async def _relay_whole(
-        self,
-        ex: Exchange,
-        lease: Lease,
-        response: UpstreamResponse,
-        sent_at: float,
-        may_retry: Callable[[], bool],
+        self, ex: Exchange, lease: Lease, response: UpstreamResponse, sent_at: float
     ) -> None:
         """Non-stream answers are read whole, so a failure mid-body is still retryable: within
         ``max_response_bytes`` and ``request_timeout``. An answer over the size is refused without
@@ -387,9 +389,7 @@ class Pipeline:
                 code="upstream_response_too_large",
             ) from None
         except UPSTREAM_ERRORS as exc:
-            malformed = isinstance(exc, h1.MalformedResponse)
-            self._judge(ex, inst, *translate(exc), may_retry=may_retry, malformed=malformed)
-            raise AssertionError("unreachable: _judge raises for transport failures") from exc
+            raise self._judged(ex, inst, failure_of(exc)).exception() from None
         lease.first_token()
         now = self.clock()
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook

@@ -1,11 +1,23 @@
 """Failover policy, all pure: what is retryable, how long to back off, and the retry budget.
 
-Retry only what is the *instance's* problem (connection failures, timeouts, 5xx, 408 and 429) and
-only while nothing has gone downstream: once the client has a status line or a byte of the body, a
-retry would splice two answers together. A retry goes to another eligible instance, never the one
-that failed, after ``backoff(n, base, cap, rand)``. The budget caps retries at a fraction of recent
-requests, so a sick fleet does not see its load multiplied by a retry storm. The flow chart and why
-500 is retried: benchmarks/README.md, "Design notes moved from the code".
+::
+
+    attempt failed ──► Failure ──► judge(failure, instance, room) ──► Judgement
+        room: attempts left, another instance could take it, the budget has room
+                                        │ blame ──► FleetEvents.request_failed (its breaker)
+        RETRY ──► spend the budget, sleep backoff(n, base, cap, rand), another eligible instance
+        RELAY ──► the instance's own answer (a status) goes to the client as it is
+        ANSWER ─► the gateway's own error (502, 503 or 504 in the route's shape)
+
+Retry only what is the *instance's* problem and only while nothing has gone downstream: once the
+client has a status line or a byte of the body, a retry would splice two answers together. 4xx is the
+client's problem and fails the same everywhere (408 and 429 are the exceptions: the instance timed
+out or is overloaded, another one may not be). vLLM answers 500 for engine errors that are local to
+that instance (a crashed engine core, CUDA errors), so 500 is retried like 502/503/504.
+
+The budget caps retries at a fraction of recent requests: when the whole fleet is sick, retries
+would multiply load exactly when there is least capacity (a retry storm), so past the budget a failure
+goes back to the client instead.
 """
 
 from __future__ import annotations
@@ -14,7 +26,21 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["FailureKind", "RetryBudget", "Verdict", "backoff", "classify"]
+from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
+
+__all__ = [
+    "AttemptFailure",
+    "Failure",
+    "FailureKind",
+    "Judgement",
+    "Next",
+    "RetryBudget",
+    "Verdict",
+    "answer",
+    "backoff",
+    "classify",
+    "judge",
+]
 
 
 def backoff(attempt: int, base: float, cap: float, rand: float) -> float:
@@ -37,7 +63,7 @@ def backoff(attempt: int, base: float, cap: float, rand: float) -> float:
 
 
 class FailureKind(StrEnum):
-    """How an attempt failed, as the proxy sees it (``proxy.upstream.translate`` maps the hop's errors)."""
+    """How an attempt failed, as the proxy sees it (``proxy.upstream.failure_of`` maps the hop's errors)."""
 
     CONNECT = "connect"  # refused, reset or DNS failure while connecting: nothing was processed
     CONNECT_TIMEOUT = "connect_timeout"
@@ -92,6 +118,82 @@ def classify(kind: FailureKind, *, status: int | None = None) -> Verdict:
     return Verdict(retry, fault, kind.value)
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt: how, in a few words, and for ``STATUS`` the instance's status.
+    ``malformed``: the answer broke the protocol or a limit, which counts against the instance even
+    where a closed connection would not."""
+
+    kind: FailureKind
+    detail: str
+    status: int | None = None
+    malformed: bool = False
+
+
+class Next(StrEnum):
+    """What the pipeline does after a failed attempt."""
+
+    RETRY = "retry"  # another instance
+    RELAY = "relay"  # the instance's own answer goes to the client as it is
+    ANSWER = "answer"  # the gateway's own error (``Judgement.error``)
+
+
+@dataclass
+class AttemptFailure(Exception):
+    """An attempt failed before any byte went downstream, and a retry elsewhere was granted."""
+
+    reason: str  # bounded (``classify``): connect, closed, read_timeout, status_503, ...
+    instance: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """What follows a failed attempt (``judge``)."""
+
+    next: Next  # RETRY or ANSWER for a failed hop, RETRY or RELAY for a status
+    blame: bool  # counts against the instance's circuit breaker
+    reason: str  # bounded: a metric label and the access log's error
+    denied: bool  # worth a retry, but there was no room for one
+    failure: Failure
+    instance: str
+
+    def exception(self) -> Exception:
+        """What ends the attempt: ``AttemptFailure`` for a retry, else the gateway's own error."""
+        if self.next is Next.RETRY:
+            return AttemptFailure(self.reason, self.instance, self.failure.detail)
+        return answer(self.failure, self.instance)
+
+
+def judge(failure: Failure, instance: str, room: bool) -> Judgement:
+    """What a failed attempt means and what follows it; ``room``: another attempt may be made
+    (attempts left, another instance could take the request, the retry budget has room)."""
+    verdict = classify(failure.kind, status=failure.status)
+    blame = verdict.instance_fault or failure.malformed
+    if verdict.retry and room:
+        then, denied = Next.RETRY, False
+    else:
+        then = Next.RELAY if failure.kind is FailureKind.STATUS else Next.ANSWER
+        denied = verdict.retry
+    return Judgement(then, blame, verdict.reason, denied, failure, instance)
+
+
+def answer(failure: Failure, instance: str) -> GatewayError:
+    """The gateway's own answer for an attempt that failed (the route gives it its shape)."""
+    if failure.kind is FailureKind.POOL_TIMEOUT:
+        return NoInstance(
+            f"The gateway's upstream connection pool is exhausted ({failure.detail}); raise "
+            "[gateway] max_connections to at least the sum of the instances' max_queue.",
+            retry_after=1,
+        )
+    if failure.kind in (FailureKind.CONNECT_TIMEOUT, FailureKind.READ_TIMEOUT):
+        return UpstreamTimeout(
+            f"Instance {instance} did not answer in time ({failure.detail}). Long prefills need a "
+            "generous [gateway] request_timeout (120 s or more).",
+        )
+    return UpstreamError(f"Instance {instance} failed: {failure.detail}.")
+
+
 class RetryBudget:
     """Retries allowed while ``retries ≤ ratio × requests + min_per_window`` over a sliding window.
 
@@ -120,15 +222,20 @@ class RetryBudget:
     def ratio(self) -> float:
         return self._ratio
 
-    @ratio.setter
-    def ratio(self, value: float) -> None:
-        """Settable for config reloads; counts in the window carry over."""
-        if value < 0:
-            raise ValueError("ratio must be >= 0")
-        self._ratio = value
+    def reloaded(self, ratio: float) -> RetryBudget:
+        """A budget at ``ratio`` over this one's window: the counts are shared, not copied, so the
+        requests still in flight under the old config count in the same window as the new ones."""
+        new = RetryBudget(ratio, self._min, self._width * len(self._idx), len(self._idx))
+        new._idx, new._requests, new._retries = self._idx, self._requests, self._retries
+        return new
 
     def record_request(self, now: float) -> None:
         self._requests[self._slot(now)] += 1
+
+    def has_room(self, now: float) -> bool:
+        """Whether ``try_spend`` would succeed now (nothing taken)."""
+        requests, retries = self.counts(now)
+        return retries + 1 <= self._ratio * requests + self._min
 
     def try_spend(self, now: float) -> bool:
         """Take one retry from the budget if it has room; False (and no change) otherwise."""

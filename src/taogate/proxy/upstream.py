@@ -1,35 +1,28 @@
 """The proxied hop: the connection pool to the instances, and what crosses it in each direction.
 
-Proxied requests go over ``h1.Pool``. Its failures (httpx's exception classes) are translated here,
-once, into a ``FailureKind`` (see ``retry.classify``)::
+Proxied requests, uploads too, go over ``h1.Pool``. Its failures are mapped here, once, onto a
+``retry.Failure`` (``failure_of``), which ``retry.judge`` turns into what the pipeline does::
 
-    httpx.ConnectError         → connect          (nothing was sent)
-    httpx.ConnectTimeout       → connect_timeout
-    httpx.PoolTimeout          → pool_timeout     (our own pool; not the instance's fault)
-    httpx.RemoteProtocolError,
-      OSError, anything else   → closed           (died before a complete answer, or sent one
-                                                   that is malformed or over the head limits)
-    httpx.ReadTimeout          → read_timeout     (no byte, or no complete head or whole
-                                                   body, within request_timeout)
+    h1.ConnectError              → connect          (nothing was sent)
+    h1.ConnectTimeout            → connect_timeout
+    h1.PoolTimeout               → pool_timeout     (our own pool; not the instance's fault)
+    h1.ReadTimeout, WriteTimeout → read_timeout     (silent, or no whole answer in time)
+    h1.RemoteProtocolError,
+      WriteError, anything else  → closed           (died before a complete answer; a malformed
+                                                     one, or over the limits, is marked so)
 
-``h1.ResponseTooLarge`` is none of these: the pipeline answers it itself.
+``h1.ResponseTooLarge`` and ``h1.InvalidRequest`` are none of these: the pipeline answers them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, Coroutine, Sequence
 from typing import Any
 
-import httpx
-
 from taogate import h1
-from taogate.errors import GatewayError, NoInstance, UpstreamError, UpstreamTimeout
 from taogate.proxy.auth import CREDENTIAL_HEADERS
-from taogate.proxy.multipart import StreamedBody
 from taogate.proxy.priority import HEADER, VLLM_HEADER
-from taogate.proxy.retry import FailureKind
-from taogate.proxy.streamed import StreamedResponse, StreamedUploads
+from taogate.proxy.retry import Failure, FailureKind
 from taogate.settings import GatewaySettings
 
 _FORWARDED_FOR = b"x-forwarded-for"
@@ -82,73 +75,61 @@ _DROP_DOWN_LOAD = _DROP_DOWN | {b"endpoint-load-metrics"}
 _OURS = b"x-taogate-"
 
 
-@dataclass
-class AttemptFailure(Exception):
-    """An attempt failed before any byte went downstream and a retry elsewhere was granted."""
-
-    reason: str  # bounded (retry.classify): connect, closed, read_timeout, status_503, ...
-    instance: str
-    detail: str
-
-    def as_error(self) -> GatewayError:
-        if self.reason == FailureKind.POOL_TIMEOUT:
-            return NoInstance(
-                f"The gateway's upstream connection pool is exhausted ({self.detail}); raise "
-                "[gateway] max_connections to at least the sum of the instances' max_queue.",
-                retry_after=1,
-            )
-        if self.reason.endswith("timeout"):
-            return UpstreamTimeout(
-                f"Instance {self.instance} did not answer in time ({self.detail}). Long prefills need a "
-                "generous [gateway] request_timeout (120 s or more).",
-            )
-        return UpstreamError(f"Instance {self.instance} failed: {self.detail}.")
+#: What the relay reads: status, headers, then the body as it arrives.
+UpstreamResponse = h1.Response
 
 
-#: What the relay reads: status, headers, then the body as it arrives (see h1.Response).
-UpstreamResponse = h1.Response | StreamedResponse
+def hop_limits(cfg: GatewaySettings) -> h1.Limits:
+    """What a config tells the pool: its timeouts and the bounds on an instance's reply head."""
+    return h1.Limits(
+        connect_timeout=cfg.connect_timeout,
+        read_timeout=cfg.request_timeout,
+        pool_timeout=cfg.request_timeout,
+        max_header_bytes=cfg.max_response_header_bytes,
+        max_headers=cfg.max_response_headers,
+    )
 
 
 class Upstream:
-    """Owns the pool to the instances; ``send`` is one attempt's request."""
+    """Owns the pool to the instances (its size fixed for the process's life); ``send`` is one
+    attempt's request."""
 
     def __init__(self, cfg: GatewaySettings) -> None:
+        limits = hop_limits(cfg)
         # vLLM's server (uvicorn) closes a connection idle for 5 s; reusing one it is closing right
         # then fails the request, so ours give up idle connections well before (a busy loop sees the
         # end of a response late, so "idle since" is late too).
         self.pool = h1.Pool(
             cfg.max_connections,
-            connect_timeout=cfg.connect_timeout,
-            read_timeout=cfg.request_timeout,
-            pool_timeout=cfg.request_timeout,
+            connect_timeout=limits.connect_timeout,
+            read_timeout=limits.read_timeout,
+            pool_timeout=limits.pool_timeout,
             keepalive=2.5,
-            max_header_bytes=cfg.max_response_header_bytes,
-            max_headers=cfg.max_response_headers,
+            max_header_bytes=limits.max_header_bytes,
+            max_headers=limits.max_headers,
         )
         self._origins: dict[str, h1.Origin] = {}
-        self.uploads = StreamedUploads(cfg)
 
-    def configure(self, cfg: GatewaySettings) -> None:
-        """Timeouts follow a reload; the pool size is fixed for the process's life."""
-        self.pool.connect_timeout = cfg.connect_timeout
-        self.pool.read_timeout = cfg.request_timeout
-        self.pool.pool_timeout = cfg.request_timeout
-        self.pool.max_header_bytes = cfg.max_response_header_bytes
-        self.pool.max_headers = cfg.max_response_headers
-        self.uploads.configure(cfg)
+    @property
+    def limits(self) -> h1.Limits:
+        return self.pool.limits
+
+    @limits.setter
+    def limits(self, limits: h1.Limits) -> None:
+        """A reloaded config's, for the requests from now on (the open connections stay)."""
+        self.pool.limits = limits
 
     def send(
         self,
         base_url: str,
         path: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes | StreamedBody,
+        body: bytes | AsyncIterable[bytes],
         method: bytes = b"POST",
     ) -> Coroutine[Any, Any, UpstreamResponse]:
-        """Send ``body`` to the instance at ``base_url``; awaiting it returns once status and headers
-        are in. The pool's coroutine itself, not one more around it: this is once per request."""
-        if isinstance(body, StreamedBody):
-            return self.uploads.send(base_url, path, headers, body)
+        """Send ``body`` (held, or sent as it arrives) to the instance at ``base_url``; awaiting it
+        returns once status and headers are in. The pool's coroutine itself, not one more around it:
+        this is once per request."""
         origin = self._origins.get(base_url)
         if origin is None:
             origin = self._origins[base_url] = h1.Origin.parse(base_url)
@@ -156,34 +137,43 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
-        await self.uploads.aclose()
 
 
-def translate(exc: BaseException) -> tuple[FailureKind, str]:
-    """A failed hop → how the attempt failed, and a short description."""
-    if isinstance(exc, httpx.ConnectError):
-        return FailureKind.CONNECT, str(exc)
-    if isinstance(exc, httpx.ConnectTimeout):
-        return FailureKind.CONNECT_TIMEOUT, str(exc)
-    if isinstance(exc, httpx.PoolTimeout):
-        return FailureKind.POOL_TIMEOUT, str(exc)
-    if isinstance(exc, httpx.ReadTimeout):
-        return FailureKind.READ_TIMEOUT, str(exc)
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return FailureKind.CLOSED, str(exc)
-    return FailureKind.CLOSED, f"connection failed ({type(exc).__name__}: {exc})"
+_KINDS: tuple[tuple[type[h1.TransportError], FailureKind], ...] = (
+    (h1.ConnectError, FailureKind.CONNECT),
+    (h1.ConnectTimeout, FailureKind.CONNECT_TIMEOUT),
+    (h1.PoolTimeout, FailureKind.POOL_TIMEOUT),
+    (h1.ReadTimeout, FailureKind.READ_TIMEOUT),
+    (h1.WriteTimeout, FailureKind.READ_TIMEOUT),
+    (h1.RemoteProtocolError, FailureKind.CLOSED),
+    (h1.WriteError, FailureKind.CLOSED),
+)
 
 
-#: What ``Upstream.send`` and a relay may raise for a failed hop (translated by ``translate``).
-UPSTREAM_ERRORS = (httpx.TransportError, OSError)
+def failure_of(exc: h1.TransportError) -> Failure:
+    """A failed hop → the attempt's failure (``retry.judge`` says what follows)."""
+    malformed = isinstance(exc, h1.MalformedResponse)
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return Failure(kind, str(exc), malformed=malformed)
+    return Failure(FailureKind.CLOSED, f"connection failed ({type(exc).__name__}: {exc})")
 
 
-def _nominated(headers: Sequence[tuple[bytes, bytes]], lower: bool) -> frozenset[bytes]:
-    """The header names the ``Connection`` fields list (empty for the usual ``keep-alive``/``close``,
-    which are dropped anyway)."""
+def status_failure(status: int) -> Failure:
+    """An instance's answer with an error status, as a failed attempt."""
+    return Failure(FailureKind.STATUS, f"HTTP {status}", status=status)
+
+
+#: What ``Upstream.send`` and a relay raise for a failed hop (mapped by ``failure_of``).
+UPSTREAM_ERRORS = h1.TransportError
+
+
+def _nominated(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names (lower case) the ``Connection`` fields list (empty for the usual
+    ``keep-alive``/``close``, which are dropped anyway)."""
     names: set[bytes] = set()
     for k, v in headers:
-        if (k.lower() if lower else k) == b"connection":
+        if k == b"connection":
             names.update(t for token in v.split(b",") if (t := token.strip().lower()))
     return frozenset(names - HOP_BY_HOP - {b"close"})
 
@@ -203,7 +193,7 @@ def upstream_headers(
     The instance's own key (if any) is added per attempt, since a retry may go elsewhere.
     """
     drop = _DROP_UP
-    nominated = _nominated(client_headers, lower=False)  # ASGI names are lower-case already
+    nominated = _nominated(client_headers)  # ASGI names are lower-case already
     if nominated:
         drop = drop | nominated
     out = [(k, v) for k, v in client_headers if k not in drop and not k.startswith(_OURS)]
@@ -219,14 +209,15 @@ def upstream_headers(
 def downstream_headers(
     raw: Sequence[tuple[bytes, bytes]], *, request_id: bytes, instance: str, drop_load: bool = False
 ) -> list[tuple[bytes, bytes]]:
-    """The instance's response headers minus hop-by-hop and framing (the relay recomputes length),
-    those only the gateway may set, plus the request id and which instance served it. ``drop_load``:
-    the gateway asked for the engine's load report, not the client, who does not see it."""
+    """The instance's response headers (names in lower case, as ``h1`` gives them) minus hop-by-hop
+    and framing (the relay recomputes length), those only the gateway may set, plus the request id
+    and which instance served it. ``drop_load``: the gateway asked for the engine's load report,
+    not the client, who does not see it."""
     drop = _DROP_DOWN_LOAD if drop_load else _DROP_DOWN
-    nominated = _nominated(raw, lower=True)
+    nominated = _nominated(raw)
     if nominated:
         drop = drop | nominated
-    out = [(lk, v) for k, v in raw if (lk := k.lower()) not in drop and not lk.startswith(_OURS)]
+    out = [(k, v) for k, v in raw if k not in drop and not k.startswith(_OURS)]
     out.append((b"x-request-id", request_id))
     out.append((b"x-taogate-instance", instance.encode()))
     return out
