@@ -21,7 +21,8 @@ uses the approximate model until a replay fills what is missing, or the index is
 the engine clears its cache; it reports nothing cached since it started (``bound_unknown(0)``
 before any batch); or every block it may have held unseen is evicted since (``unknown``: at most
 its capacity, or the bound its counters give, less each removal of a block never seen stored).
-The older rule stays: it has stored as many blocks as it holds since (a full turnover).
+Not proof: having stored as many blocks as it holds since (a block hit all along is never evicted;
+a replay of the emulator's pool found such an index wrong at 31% of the steps it would trust).
 
 Only the GPU prefix cache of the first KV-cache group is indexed: events about offloaded copies
 (``medium`` other than ``GPU``) or other groups (hybrid models) describe blocks a request's lookup
@@ -77,7 +78,6 @@ class KvIndex:
         self.trust = Trust("waiting", "no batch of KV events seen yet")
         self.matches: bool | None = None  # our hashes are the engine's (None: not checked yet)
         self.off: str | None = None  # why our hashes cannot name its blocks (precise mode off)
-        self._seen_since_clear = 0  # blocks stored since the last start-over
         self._before_gap: Trust | None = None  # the trust a replay of the gap gives back
         # Blocks the engine may hold that the index never saw stored (None: none); ``epoch`` counts
         # the times it was reset, so that a bound from the engine's counters is taken after it.
@@ -116,7 +116,6 @@ class KvIndex:
 
     def clear(self) -> None:
         self._refs.clear()
-        self._seen_since_clear = 0
         self._forgotten = 0
         self.trusted = False
 
@@ -213,8 +212,6 @@ class KvIndex:
                 "old_blocks_gone",
                 "every block it may have held before the index began is evicted since",
             )
-        elif self._seen_since_clear >= self.capacity and self.next_seq is not None:
-            self._set("turnover", "it stored as many blocks as it holds since the index began")
 
     def bound_unknown(self, blocks: int) -> None:
         """The engine's counters, read after the index began (``epoch``), bound the blocks it may
@@ -311,7 +308,6 @@ class KvIndex:
         for h in hashes:
             refs[h] = refs.get(h, 0) + 1
             refs.move_to_end(h)
-        self._seen_since_clear += len(hashes)
         self._trim()
 
     def _trim(self) -> None:

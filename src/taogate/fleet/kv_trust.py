@@ -20,7 +20,6 @@ Reason = Literal[
     "quiet",
     "cleared",
     "old_blocks_gone",
-    "turnover",
     "waiting",
     "missed_start",
     "gap",
@@ -29,9 +28,7 @@ Reason = Literal[
     "off",
 ]
 REASONS: Final[tuple[Reason, ...]] = get_args(Reason)
-TRUSTED: Final = frozenset(
-    {"from_start", "replayed", "restart", "quiet", "cleared", "old_blocks_gone", "turnover"}
-)
+TRUSTED: Final = frozenset({"from_start", "replayed", "restart", "quiet", "cleared", "old_blocks_gone"})
 
 #: What happened, in a few words (the log line's head).
 _WHAT: Final[dict[str, str]] = {
@@ -41,7 +38,6 @@ _WHAT: Final[dict[str, str]] = {
     "quiet": "idle engine",
     "cleared": "cache cleared",
     "old_blocks_gone": "recovered",
-    "turnover": "recovered",
     "waiting": "subscribed",
     "missed_start": "missed start",
     "gap": "gap",
