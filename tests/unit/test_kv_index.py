@@ -33,6 +33,7 @@ def test_longest_run_and_duplicates() -> None:
 
 def test_trust_gaps_and_restarts() -> None:
     index = KvIndex(4, 16)
+    index.configure(4, 16)  # the engine's own size: what a proof by evictions needs
     index.apply(7, [stored(HASHES[:2])])  # joined late: what came before is unknown
     assert not index.trusted
     index.apply(8, [stored(HASHES[2:4], HASHES[1], TOKENS[32:64])])

@@ -50,12 +50,23 @@ def test_an_idle_engine_is_complete_and_its_first_batch_must_be_zero() -> None:
 def test_a_missed_start_is_trusted_once_the_blocks_held_before_are_evicted() -> None:
     index = KvIndex(100, BS)
     index.apply(4, [stored(1, 0, 2)])
+    assert index.unknown is None  # neither its size nor its counters known: nothing to prove with
     index.bound_unknown(3)  # the engine processed at most 3 blocks' worth before
     assert not index.trusted and index.unknown == 3
     index.apply(5, [block_removed(CHAINS[1][1])])  # one we saw stored: not an old one
     index.apply(6, [block_removed(CHAINS[2][0]), block_removed(CHAINS[2][1])])  # two unseen
     assert not index.trusted and index.unknown == 1
     index.apply(7, [block_removed(CHAINS[3][0])])
+    assert index.trusted and index.trust.reason == "old_blocks_gone"
+
+
+def test_a_default_size_proves_nothing() -> None:
+    index = KvIndex(2, BS)  # the model's default, before the engine's scrape says its size
+    index.apply(4, [block_removed(CHAINS[2][0]), block_removed(CHAINS[2][1])])
+    assert not index.trusted and index.unknown is None
+    index.configure(3, BS)  # its own size: one more unseen block may be there
+    assert not index.trusted and index.unknown == 1
+    index.apply(5, [block_removed(CHAINS[2][2])])
     assert index.trusted and index.trust.reason == "old_blocks_gone"
 
 
@@ -97,7 +108,7 @@ def test_a_gap_without_replay_starts_over_and_says_so() -> None:
 def test_recovered_by_a_replay_from_the_start() -> None:
     index = KvIndex(100, BS)
     index.recovered("its replay socket holds no batch")
-    assert index.trusted and index.next_seq == 0 and index.unknown is None
+    assert index.trusted and index.next_seq == 0 and not index.tracking
 
 
 def test_another_hash_turns_it_off_whatever_the_trust() -> None:
@@ -124,10 +135,13 @@ def test_every_reason_has_its_line() -> None:
 
 
 # -- the property: a proven index is the engine's cache -----------------------------------------
-def _engine_batches(requests: list[tuple[int, int]], capacity: int) -> list[tuple[list[object], set[int], int]]:
+Batch = tuple[list[object], set[int], int]
+
+
+def _engine_batches(requests: list[tuple[int, int]], capacity: int) -> list[Batch]:
     """One batch per request: (its events, the hashes the engine holds after it, tokens so far)."""
     pool = BlockPool(capacity + 1, caching=True, events=True)
-    out: list[tuple[list[object], set[int], int]] = []
+    out: list[Batch] = []
     tokens = 0
     for doc, n in requests:
         hashes = CHAINS[doc][:n]
@@ -141,7 +155,7 @@ def _engine_batches(requests: list[tuple[int, int]], capacity: int) -> list[tupl
             events.append(stored(doc, len(hit), n))
         pool.free(hit + fresh)
         tokens += n * BS
-        out.append((events, {h for h in pool._hash_of.values()}, tokens))
+        out.append((events, set(pool._hash_of.values()), tokens))
     return out
 
 
@@ -151,11 +165,14 @@ def _engine_batches(requests: list[tuple[int, int]], capacity: int) -> list[tupl
     join=st.integers(0, 30),
     capacity=st.integers(8, 24),
     bound=st.booleans(),
+    sized=st.booleans(),
 )
 def test_property_a_proven_index_holds_exactly_the_engines_blocks(
-    requests: list[tuple[int, int]], join: int, capacity: int, bound: bool
+    requests: list[tuple[int, int]], join: int, capacity: int, bound: bool, sized: bool
 ) -> None:
-    index = KvIndex(capacity, BS)
+    index = KvIndex(capacity if sized else 10_000, BS)  # unsized: a default, the engine's unknown
+    if sized:
+        index.configure(capacity, BS)
     for seq, (events, held, tokens) in enumerate(_engine_batches(requests, capacity)):
         if seq < join:
             continue

@@ -283,7 +283,7 @@ class KvEventsSubscriber:
                 await self._batch(inst, index, int.from_bytes(frames[1], "big"), frames[2])
             if index.epoch != epoch:
                 epoch, since = index.epoch, self._clock()
-            if not index.trusted and index.unknown is not None:
+            if not index.trusted and index.tracking:
                 self._bound(inst, index, since)
 
     def _bound(self, inst: Instance, index: KvIndex, since: float) -> None:

@@ -85,7 +85,8 @@ class KvIndex:
         self._bound: int | None = None  # from the engine's counters
         self._unseen_removals = 0
         self.epoch = 0
-        self._forgotten = 0  # entries trimmed here: their removals are not unknown blocks
+        self._forgotten = 0  # entries dropped here: their removals are not of unseen blocks
+        self.sized = False  # ``capacity`` is the engine's own (from its scrape), not a default
         self._last_ts: float | None = None  # the stamp of the last batch applied
         self.gaps = 0  # lost batches seen while trusted (a metric)
         self.restarts = 0  # engine restarts seen (a metric)
@@ -106,13 +107,20 @@ class KvIndex:
 
     def configure(self, capacity: int, block_size: int, hash_algo: str | None = None) -> None:
         if block_size != self.block_size:
-            self._refs.clear()  # hashed in other blocks: no request matches them (its events say more)
+            self._forget()  # hashed in other blocks: no request matches them (its events say more)
         self.capacity, self.block_size = max(1, capacity), max(1, block_size)
+        self.sized = True
         if hash_algo is not None and hash_algo != HASH_ALGO:
             self.off = f"it hashes blocks with {hash_algo!r}, not {HASH_ALGO!r}"
         elif self.off is not None and self.matches is not False:
             self.off = None  # it said another algorithm before; now ours
         self._trim()
+        self._settle()
+
+    def _forget(self) -> None:
+        """Drop the entries; their removals, if they come, are not of blocks never seen stored."""
+        self._forgotten += sum(self._refs.values())
+        self._refs.clear()
 
     def clear(self) -> None:
         self._refs.clear()
@@ -128,12 +136,18 @@ class KvIndex:
         self.epoch += 1
 
     @property
+    def tracking(self) -> bool:
+        """The engine may hold blocks the index never saw stored."""
+        return self._tracking
+
+    @property
     def unknown(self) -> int | None:
-        """Blocks the engine may hold that the index never saw stored (None: none)."""
+        """At most how many blocks the engine holds that the index never saw stored (0 while not
+        ``tracking``; None: no bound yet, neither its size nor its counters are known)."""
         if not self._tracking:
-            return None
-        most = self.capacity if self._bound is None else min(self.capacity, self._bound)
-        return max(0, most - self._unseen_removals)
+            return 0
+        bounds = [b for b in (self.capacity if self.sized else None, self._bound) if b is not None]
+        return max(0, min(bounds) - self._unseen_removals) if bounds else None
 
     def cached_run(self, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` the instance holds (vLLM's lookup stops at the first miss)."""
@@ -207,7 +221,7 @@ class KvIndex:
         """Trusted once proven complete (see the module's docstring)."""
         if self.trusted:
             return
-        if self.unknown == 0 and self.next_seq is not None:
+        if self._tracking and self.unknown == 0 and self.next_seq is not None:
             self._set(
                 "old_blocks_gone",
                 "every block it may have held before the index began is evicted since",
@@ -221,7 +235,7 @@ class KvIndex:
             return
         blocks = max(0, blocks)
         self._bound = blocks if self._bound is None else min(self._bound, blocks)
-        if self.unknown == 0 and self.next_seq is None and self.trust.reason == "waiting":
+        if self._tracking and self.unknown == 0 and self.next_seq is None and self.trust.reason == "waiting":
             self.next_seq = 0  # a later first batch is then a gap, not a silent miss
             self._set(
                 "quiet",
@@ -296,7 +310,7 @@ class KvIndex:
         hashes = [h for h in map(_wire, event.get("block_hashes") or ()) if h is not None]
         size = event.get("block_size")
         if isinstance(size, int) and size > 0 and size != self.block_size:
-            self._refs.clear()
+            self._forget()
             self.block_size = size
         if self.matches is None and event.get("parent_block_hash") is None and hashes:
             tokens = event.get("token_ids")
