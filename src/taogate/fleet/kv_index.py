@@ -22,7 +22,7 @@ the engine clears its cache; it reports nothing cached since it started (``bound
 before any batch); or every block it may have held unseen is evicted since (``unknown``: at most
 its capacity, or the bound its counters give, less each removal of a block never seen stored).
 Not proof: having stored as many blocks as it holds since (a block hit all along is never evicted;
-a replay of the emulator's pool found such an index wrong at 31% of the steps it would trust).
+``benchmarks/kv_trust_rules.py`` counts how often such an index is wrong).
 
 Only the GPU prefix cache of the first KV-cache group is indexed: events about offloaded copies
 (``medium`` other than ``GPU``) or other groups (hybrid models) describe blocks a request's lookup
