@@ -344,10 +344,15 @@ class KvEventsSubscriber:
         except Exception as exc:  # not a batch we can read: what it changed is unknown
             index.start_over("unreadable", f"batch {seq} could not be read ({exc!r})")
             return
+        replay = inst.spec.kv_events_replay
+        if outcome == "restart" and not index.trusted and replay:  # its first batches were missed
+            index.start_over("restart_missed", index.trust.detail)
+            if not await self._catch_up(inst, index):
+                index.apply(seq, events, ts)
+            return
         if outcome != "gap":
             return
         missing = index.next_seq
-        replay = inst.spec.kv_events_replay
         if replay and missing is not None and await self._replay(inst, index, missing):
             return
         why = "the engine's replay no longer has them" if replay else "kv_events_replay is not set"
@@ -389,16 +394,17 @@ class KvEventsSubscriber:
         index.replayed()
         return True
 
-    async def _catch_up(self, inst: Instance, index: KvIndex) -> None:
-        """Ask for every batch from the engine's start: whole at once if it still has them all."""
+    async def _catch_up(self, inst: Instance, index: KvIndex) -> bool:
+        """Ask for every batch from the engine's start: whole at once if it still has them all.
+        False when the replay socket did not answer."""
         got = await self._fetch(inst, 0)
         where = replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url)
         if got is None:
             index.note(f"{index.trust.detail}; its replay socket {where} did not answer")
-            return
+            return False
         if not got:
             index.recovered(f"its replay socket {where} holds no batch: it has published nothing yet")
-            return
+            return True
         first = got[0][0]
         try:
             for seq, payload in got:
@@ -409,11 +415,12 @@ class KvEventsSubscriber:
                     index.apply(seq, events, ts)
         except Exception as exc:
             index.start_over("unreadable", f"a replayed batch could not be read ({exc!r})")
-            return
+            return True
         if first == 0 and index.trust.reason == "from_start":
             index.recovered(f"its replay socket resent batches 0..{got[-1][0]}")
-        elif index.trust.reason == "missed_start" and first > 0:
+        elif first > 0 and not index.trusted:
             index.note(f"its replay buffer begins at seq {first}: the batches before are gone (buffer_steps)")
+        return True
 
     def __len__(self) -> int:
         return len(self._tasks)
