@@ -9,7 +9,6 @@ subscription), or, with no warm-up, from the engine's counters.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -89,7 +88,6 @@ async def test_engines_first_with_replay_index_whole_at_once(
         for n in range(5):  # busy before the gateway: nobody hears these batches live
             await _direct(fleet.urls[0], [60_000 + n] * 64)
         await _direct(fleet.urls[1], [*PREFIX, 7])
-        started = time.monotonic()
         async with _gateway(fleet, configs, tmp_path, replay=True, warmup=64) as gate:
             caches = [gate.gateway.fleet.get(n).cache for n in ("i0", "i1")]
             await wait_until(
@@ -97,8 +95,6 @@ async def test_engines_first_with_replay_index_whole_at_once(
                 within=10.0,
                 what="trusted",
             )
-            took = time.monotonic() - started
-            assert took < 10.0
             assert [c.index.trust.reason for c in caches if c.index is not None] == ["replayed", "replayed"]
             assert len(_said(caplog, "precise mode on, recovered")) == 2
             assert not _said(caplog, "missed start")

@@ -46,7 +46,10 @@ __all__ = ["KvEventsSubscriber", "replay_endpoint", "require_precise", "subscrib
 log = logging.getLogger("taogate.health")
 
 _END: Final = (-1).to_bytes(8, "big", signed=True)
-REPLAY_TIMEOUT: Final = 2.0
+REPLAY_TIMEOUT: Final = 2.0  # seconds a replay socket may keep silent before an answer is given up
+REPLAY_TOTAL: Final = 10.0  # seconds a whole replay may take
+REPLAY_HWM: Final = 200_000  # replayed batches queued on our side (vLLM keeps 10,000 by default)
+YIELD_EVERY: Final = 256  # replayed batches applied between turns of the event loop
 LIVE_WAIT: Final = 2.0  # seconds the gateway's first traffic to an instance waits for its publisher
 LIVE_GRACE: Final = 0.05  # after the handshake, for the subscription to reach the publisher
 IDLE_CHECK: Final = 1.0  # seconds between looks at the engine's counters while untrusted and idle
@@ -364,13 +367,15 @@ class KvEventsSubscriber:
         zmq = importlib.import_module("zmq")
         context = importlib.import_module("zmq.asyncio").Context.instance()
         dealer = _bounded(zmq, context.socket(zmq.DEALER))
+        dealer.setsockopt(zmq.RCVHWM, REPLAY_HWM)  # vLLM sends its whole buffer at once
         got: list[tuple[int, bytes]] = []
         try:
             dealer.connect(replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url))
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            async with asyncio.timeout(REPLAY_TIMEOUT):
+            async with asyncio.timeout(REPLAY_TOTAL):
                 while True:
-                    frames = await dealer.recv_multipart()
+                    async with asyncio.timeout(REPLAY_TIMEOUT):
+                        frames = await dealer.recv_multipart()
                     if len(frames) != 4 or frames[2] == _END:
                         return got
                     got.append((int.from_bytes(frames[2], "big"), frames[3]))
@@ -385,10 +390,12 @@ class KvEventsSubscriber:
         if not got or got[0][0] != start:
             return False  # no answer, or the engine no longer has them
         try:
-            for seq, payload in got:
+            for n, (seq, payload) in enumerate(got, 1):
                 ts, events = _decode(payload)
                 if index.apply(seq, events, ts) == "gap":
                     return False
+                if n % YIELD_EVERY == 0:  # thousands of batches: requests go on meanwhile
+                    await asyncio.sleep(0)
         except Exception:  # an unreadable batch: the caller starts over
             return False
         index.replayed()
@@ -407,12 +414,14 @@ class KvEventsSubscriber:
             return True
         first = got[0][0]
         try:
-            for seq, payload in got:
+            for n, (seq, payload) in enumerate(got, 1):
                 ts, events = _decode(payload)
                 if index.apply(seq, events, ts) == "gap":
                     missing = index.next_seq
                     index.start_over("missed_start", f"its replay skipped batches {missing}..{seq - 1}")
                     index.apply(seq, events, ts)
+                if n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
         except Exception as exc:
             index.start_over("unreadable", f"a replayed batch could not be read ({exc!r})")
             return True
