@@ -23,7 +23,7 @@ from taogate.app import RunningGateway, serve_gateway
 from taogate.dispatch.blocks import block_hashes
 from taogate.settings import Settings
 from tests.real.conftest import Pair, Say
-from tests.real.gateway import KEY, admin_rows, keep_busy, sdk, settings_for
+from tests.real.gateway import KEY, admin_rows, engine_metrics, keep_busy, sdk, settings_for
 from tests.real.models import VOCAB
 from tests.real.server import SERVED_MODEL, VllmServer
 
@@ -89,12 +89,18 @@ async def test_engines_first_with_replay_the_index_is_whole_in_seconds_and_route
         blocks = len(prompt) // index.block_size
         assert index.cached_run(block_hashes(prompt, index.block_size)) == blocks
         served: Counter[str] = Counter()
-        async with sdk(gw) as client:
+        hits: list[float] = []  # what the slow engine says it found in its cache, per request
+        async with sdk(gw) as client, httpx.AsyncClient(timeout=60, trust_env=False) as http:
             for n in range(4):
+                before = (await engine_metrics(http, vllm_pair.slow)).prefix_hits or 0.0
                 raw = await client.completions.with_raw_response.create(
                     model=SERVED_MODEL, prompt=[*prompt, 5 + n], max_tokens=1, temperature=0
                 )
                 served[raw.headers["x-taogate-instance"]] += 1
+                hits.append(((await engine_metrics(http, vllm_pair.slow)).prefix_hits or 0.0) - before)
+        # The index's run is what the engine finds (it never computes a prompt's last token from cache).
+        expected = min(blocks, len(prompt) // index.block_size) * index.block_size
+        assert hits == [expected] * served["slow"], (hits, expected, served)
         rows = await admin_rows(gw)
         assert rows["slow"]["precise"]["by"] == "index" and rows["fast"]["precise"]["by"] == "index"
     detail = index.trust.detail if index is not None else "-"
