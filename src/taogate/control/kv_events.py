@@ -53,6 +53,7 @@ YIELD_EVERY: Final = 256  # replayed batches applied between turns of the event 
 LIVE_WAIT: Final = 2.0  # seconds the gateway's first traffic to an instance waits for its publisher
 LIVE_GRACE: Final = 0.05  # after the handshake, for the subscription to reach the publisher
 IDLE_CHECK: Final = 1.0  # seconds between looks at the engine's counters while untrusted and idle
+IDLE_MAX: Final = 30.0  # ... growing to this while no new scrape comes
 COUNTER_LAG: Final = 0.5  # a scrape bounds the unseen blocks only when this much later than their start
 MAX_FRAME: Final = 16 << 20  # bytes: a batch is one engine step's events
 RECEIVE_HWM: Final = 10_000  # batches queued per socket before ZMQ drops (seen as a gap)
@@ -274,13 +275,14 @@ class KvEventsSubscriber:
 
     async def _listen(self, inst: Instance, index: KvIndex, sock: Any) -> None:
         epoch, since = index.epoch, self._clock()
+        idle, scraped = IDLE_CHECK, inst.engine_at
         while True:
             frames: list[bytes] | None = None
-            if index.trusted:
+            if index.trusted or not index.tracking:
                 frames = await sock.recv_multipart()
             else:  # look at the engine's counters now and then, batches or not
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(IDLE_CHECK):
+                    async with asyncio.timeout(idle):
                         frames = await sock.recv_multipart()
             if frames is not None and len(frames) == 3:
                 await self._batch(inst, index, int.from_bytes(frames[1], "big"), frames[2])
@@ -288,6 +290,9 @@ class KvEventsSubscriber:
                 epoch, since = index.epoch, self._clock()
             if not index.trusted and index.tracking:
                 self._bound(inst, index, since)
+            # No new scrape since the last look: look less often (scrapes may be far apart).
+            idle = IDLE_CHECK if inst.engine_at != scraped else min(2 * idle, IDLE_MAX)
+            scraped = inst.engine_at
 
     def _bound(self, inst: Instance, index: KvIndex, since: float) -> None:
         """The engine's counters, scraped after the index's unseen blocks began, bound them."""
