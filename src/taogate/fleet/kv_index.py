@@ -79,8 +79,9 @@ class KvIndex:
         self.matches: bool | None = None  # our hashes are the engine's (None: not checked yet)
         self.off: str | None = None  # why our hashes cannot name its blocks (precise mode off)
         self._before_gap: Trust | None = None  # the trust a replay of the gap gives back
-        # Blocks the engine may hold that the index never saw stored (None: none); ``epoch`` counts
-        # the times it was reset, so that a bound from the engine's counters is taken after it.
+        # Whether the engine may hold blocks the index never saw stored (``unknown`` says how many at
+        # most); ``epoch`` counts the times that began again, so that the subscriber takes a bound
+        # from the engine's counters only from a scrape after it.
         self._tracking = True
         self._bound: int | None = None  # from the engine's counters
         self._unseen_removals = 0
