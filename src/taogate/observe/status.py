@@ -79,7 +79,7 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "prefill_tokens": inst.prefill_tokens,
                 "cache_entries": inst.cache.sizes()[0],
                 "kv_index_blocks": inst.cache.sizes()[1],
-                # precise mode: dispatch on the KV-event index or on the model, and why (None: off)
+                # precise mode: dispatch on the KV-event index or on the model, and why (None: no index)
                 "precise": _precise(inst),
                 "cache_trust": round(inst.cache.model.trust, 3),
                 "engine_waiting": engine.waiting if engine else None,
