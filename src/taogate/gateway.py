@@ -146,15 +146,17 @@ class Gateway:
         self._rng = rng
         self._install(self._build(settings, self._specs(settings), None))
         current = self._current
-        warm_up = Warmup(self.client, self.speeds, current)
+        # precise mode: instances with kv_events, when requests' own token ids can be made
+        self.kv_events = KvEventsSubscriber(
+            self.fleet, precise=self._prompt_tokenizer is not None, clock=clock
+        )
+        warm_up = Warmup(self.client, self.speeds, current, ready=self.kv_events.live)
         self.probes = HealthProbes(
             self.fleet, self.client, current, self.events, warm_up=warm_up, clock=clock
         )
         self.scraper = Scraper(self.fleet, self.client, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()
-        # precise mode: instances with kv_events, when requests' own token ids can be made
-        self.kv_events = KvEventsSubscriber(self.fleet, precise=self._prompt_tokenizer is not None)
         self._background = Background()
 
     def _current(self) -> Settings:
@@ -215,8 +217,8 @@ class Gateway:
         logging.getLogger(SERVER_LOGGER).addFilter(self.dropped)
         # One round before serving, so a fresh gateway knows who is up and what they serve.
         await self.discovery.resolve()
+        self.kv_events.sync()  # subscribed before any traffic of ours: the warm-up's blocks are indexed
         await asyncio.gather(self.probes.probe_all(), self.scraper.scrape_all())
-        self.kv_events.sync()
         bg = self._background
         bg.every(lambda: self.settings.discovery.interval, self._discover)
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.probes.probe_all)

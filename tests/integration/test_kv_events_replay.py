@@ -68,3 +68,49 @@ async def test_without_replay_the_index_starts_over() -> None:
     await subscriber._batch(inst, index, 3, payload[3])
     assert index.cached_run(HASHES) == 0 and len(index) == 1 and not index.trusted
     assert inst.cache.hit  # dispatch falls back to the model meanwhile
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("buffer_steps", [10, 2])
+async def test_at_start_everything_from_seq_0_is_asked_for(buffer_steps: int) -> None:
+    replay = _endpoint()
+    inst = _instance(replay)
+    publisher = KvEventPublisher("tcp://127.0.0.1:1", replay=replay, buffer_steps=buffer_steps)
+    publisher.start()
+    subscriber = KvEventsSubscriber(Fleet.__new__(Fleet))
+    try:
+        for events in _batches():
+            publisher.publish(events)
+        index = inst.cache.enable_index()
+        assert await subscriber._catch_up(inst, index)
+        if buffer_steps == 10:  # it still has batch 0: whole
+            assert index.trusted and index.trust.reason == "replayed" and index.next_seq == 4
+            assert index.cached_run(HASHES) == 4
+        else:  # its buffer has lost batches 0 and 1: what they stored is unknown
+            assert not index.trusted and index.trust.reason == "missed_start"
+            assert "replay buffer begins at seq 2" in index.trust.detail
+    finally:
+        await publisher.aclose()
+
+
+@pytest.mark.timeout(20)
+async def test_a_restart_whose_first_batches_were_missed_is_replayed_whole() -> None:
+    replay = _endpoint()
+    inst = _instance(replay)
+    subscriber = KvEventsSubscriber(Fleet.__new__(Fleet))
+    index = inst.cache.enable_index()
+    index.apply(0, [], ts=1.0)
+    for seq in range(1, 10):
+        index.apply(seq, [], ts=1.0 + seq)
+    publisher = KvEventPublisher("tcp://127.0.0.1:1", replay=replay)  # the engine, started again
+    publisher.start()
+    try:
+        batches = _batches()
+        for events in batches:
+            publisher.publish(events, ts=100.0)
+        payload = kv_event_frames("", 3, 100.0, batches[3])[2]
+        await subscriber._batch(inst, index, 3, payload)  # below 10, stamped later: a restart
+        assert index.restarts == 1 and index.trusted and index.trust.reason == "replayed"
+        assert index.cached_run(HASHES) == 4 and index.next_seq == 4
+    finally:
+        await publisher.aclose()

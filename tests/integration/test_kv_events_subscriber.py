@@ -67,7 +67,7 @@ async def test_a_wildcard_publisher_is_reached_on_the_instance_host_and_bad_batc
         publisher.publish([_block(1)])
         await wait_until(lambda: len(index) == 1, what="later batches still applied")
         assert inst.cache.index is index and len(subscriber) == 1
-        assert sum("unreadable KV event batch" in r.getMessage() for r in caplog.records) == 1
+        assert sum("degraded, unreadable batch" in r.getMessage() for r in caplog.records) == 1
     finally:
         await subscriber.stop()
         await publisher.aclose()

@@ -106,10 +106,25 @@ async def vllm_pair(prepared: Prepared, say: Say, report: Say) -> AsyncIterator[
     package's event loop; tests on their own loops only talk to them over HTTP."""
     cores = cpus()
     specs = [
-        # KV events cost the engine next to nothing and let tests watch its prefix cache directly.
+        # KV events (and their replay socket) cost the engine next to nothing and let tests watch
+        # its prefix cache directly, and the gateway index it (precise mode).
         # The Responses store costs nothing until a Responses request and lets stored ones chain.
-        ServerSpec("fast", prepared.models.dirs["fast"], cpu=cores[0], kv_events=True, responses_store=True),
-        ServerSpec("slow", prepared.models.dirs["slow"], cpu=cores[1 % len(cores)], responses_store=True),
+        ServerSpec(
+            "fast",
+            prepared.models.dirs["fast"],
+            cpu=cores[0],
+            kv_events=True,
+            kv_replay=True,
+            responses_store=True,
+        ),
+        ServerSpec(
+            "slow",
+            prepared.models.dirs["slow"],
+            cpu=cores[1 % len(cores)],
+            kv_events=True,
+            kv_replay=True,
+            responses_store=True,
+        ),
     ]
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:

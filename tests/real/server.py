@@ -47,6 +47,7 @@ class ServerSpec:
     served_model_name: str = SERVED_MODEL
     max_num_seqs: int = 2  # small, so that concurrent requests queue as on a loaded card
     kv_events: bool = False  # publish KV-cache events over ZMQ to tcp://127.0.0.1:<port>
+    kv_replay: bool = False  # with kv_events: answer replay requests on a ROUTER socket of its own
     responses_store: bool = False  # VLLM_ENABLE_RESPONSES_API_STORE=1: /v1/responses keeps responses
     prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage says cached tokens
     kv_cache_gib: int = 1
@@ -61,6 +62,7 @@ class VllmServer:
     log_path: Path
     port: int = field(default_factory=free_port)
     kv_events_port: int | None = None
+    kv_replay_port: int | None = None
     child: Child | None = None
     started: float = field(default_factory=time.monotonic)
     ready_after: float | None = None
@@ -74,6 +76,11 @@ class VllmServer:
         """Where vLLM publishes KV events. vLLM *connects* to a non-wildcard endpoint, so the
         subscriber binds it; events published before the subscriber is there are lost."""
         return None if self.kv_events_port is None else f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        """Where vLLM binds its replay socket (a subscriber asks it for batches from a sequence)."""
+        return None if self.kv_replay_port is None else f"tcp://127.0.0.1:{self.kv_replay_port}"
 
     def args(self) -> list[str]:
         spec = self.spec
@@ -95,6 +102,8 @@ class VllmServer:
                 "endpoint": self.kv_events_endpoint,
                 "topic": "kv",
             }
+            if self.kv_replay_endpoint is not None:
+                config["replay_endpoint"] = self.kv_replay_endpoint
             args += ["--kv-events-config", json.dumps(config)]
         return [*args, *spec.extra_args]
 
@@ -176,7 +185,10 @@ async def start_servers(
     await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
     servers = [
         VllmServer(
-            spec, log_dir / f"vllm-{spec.label}.log", kv_events_port=free_port() if spec.kv_events else None
+            spec,
+            log_dir / f"vllm-{spec.label}.log",
+            kv_events_port=free_port() if spec.kv_events else None,
+            kv_replay_port=free_port() if spec.kv_events and spec.kv_replay else None,
         )
         for spec in specs
     ]

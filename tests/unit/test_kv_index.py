@@ -33,14 +33,17 @@ def test_longest_run_and_duplicates() -> None:
 
 def test_trust_gaps_and_restarts() -> None:
     index = KvIndex(4, 16)
+    index.configure(4, 16)  # the engine's own size: what a proof by evictions needs
     index.apply(7, [stored(HASHES[:2])])  # joined late: what came before is unknown
     assert not index.trusted
     index.apply(8, [stored(HASHES[2:4], HASHES[1], TOKENS[32:64])])
-    assert index.trusted  # as many blocks stored as the engine holds: complete
-    assert index.apply(10, [stored(HASHES[:1])]) == "gap"
-    assert not index.trusted and index.next_seq == 9
-    index.apply(9, [])
+    assert not index.trusted  # stored as many as it holds, but blocks held before may live on
+    index.apply(9, [block_removed(h) for h in (11, 12, 13, 14)])  # 4 blocks never seen stored
+    assert index.trusted  # as many unseen blocks evicted as the engine holds: complete
+    assert index.apply(11, [stored(HASHES[:1])]) == "gap"
+    assert not index.trusted and index.next_seq == 10
     index.apply(10, [])
+    index.apply(11, [])
     index.replayed()
     assert index.trusted
     assert index.apply(0, [stored(HASHES[:1])]) == "restart"  # the engine started again: empty

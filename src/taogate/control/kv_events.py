@@ -1,27 +1,44 @@
 """The KV-events subscriber: one ZMQ SUB socket per instance that publishes, feeding its index.
 
-The gateway binds the instance's ``kv_events`` endpoint where vLLM connects to it (a specific
-address), and connects where vLLM binds (wildcard, IPv6, ipc), as it does to the replay socket. Each
-batch goes to the instance's ``KvIndex`` in order; on a gap the missing batches are asked for
-(``kv_events_replay``), else the index starts over and dispatch uses the approximate model until it
-is complete again. Only rank 0 of a data-parallel engine is subscribed. Frames are bounded, and a
-bind beyond loopback is warned about. pyzmq and msgpack are the ``precise`` extra, imported only
-when an instance has ``kv_events``. The full rules: benchmarks/README.md, "Design notes moved from
-the code".
+vLLM connects its PUB socket to a non-wildcard endpoint (``kv_events = "tcp://127.0.0.1:5557"`` on
+the instance), so the gateway binds that address; to a wildcard, IPv6 or ipc one vLLM binds, and
+the gateway connects: to a wildcard's port on the instance's own host (from its ``url``), as it
+does to the replay socket, which vLLM always binds. A subscription is ``live`` once the publisher
+is connected: the gateway's own first traffic (warm-up) waits for it. With ``kv_events_replay``
+the engine is then asked for every batch from 0, so an engine started first is indexed whole at
+once; later gaps are asked for the same way. Each batch (``[topic, seq, msgpack [ts, events,
+rank]]``) goes to the instance's ``KvIndex`` in sequence; what it cannot prove complete waits for
+the proofs ``fleet.kv_index`` lists, helped by the engine's scraped counters. Every change of the
+index's trust is said in one log line (``fleet.kv_trust``). A subscription that ends, for any
+reason, takes its index with it.
+
+Data parallel: vLLM publishes rank r on the endpoint's port + r. Only the endpoint given is
+subscribed, rank 0's: its index is sized as one rank's share of the blocks, and a hit it counts
+may land on another rank (vLLM's API server balances between them).
+
+Anyone who reaches a bound SUB socket can publish into it: frames and msgpack containers are
+bounded, and a bind on anything but loopback is warned about.
+pyzmq and msgpack are the ``precise`` extra: imported only when an instance has ``kv_events``
+(``require_precise`` says at start and reload when they are missing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
-from collections.abc import Iterable
+import math
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from taogate.dispatch.blocks import publisher_binds
+from taogate.fleet.engine import EngineSample
 from taogate.fleet.instance import Instance
 from taogate.fleet.kv_index import KvIndex
+from taogate.fleet.kv_trust import Trust, trust_message
 from taogate.settings import ConfigError, Settings
 
 __all__ = ["KvEventsSubscriber", "replay_endpoint", "require_precise", "subscriber_endpoint"]
@@ -29,7 +46,15 @@ __all__ = ["KvEventsSubscriber", "replay_endpoint", "require_precise", "subscrib
 log = logging.getLogger("taogate.health")
 
 _END: Final = (-1).to_bytes(8, "big", signed=True)
-REPLAY_TIMEOUT: Final = 2.0
+REPLAY_TIMEOUT: Final = 2.0  # seconds a replay socket may keep silent before an answer is given up
+REPLAY_TOTAL: Final = 10.0  # seconds a whole replay may take
+REPLAY_HWM: Final = 200_000  # replayed batches queued on our side (vLLM keeps 10,000 by default)
+YIELD_EVERY: Final = 256  # replayed batches applied between turns of the event loop
+LIVE_WAIT: Final = 2.0  # seconds the gateway's first traffic to an instance waits for its publisher
+LIVE_GRACE: Final = 0.05  # after the handshake, for the subscription to reach the publisher
+IDLE_CHECK: Final = 1.0  # seconds between looks at the engine's counters while untrusted and idle
+IDLE_MAX: Final = 30.0  # ... growing to this while no new scrape comes
+COUNTER_LAG: Final = 0.5  # a scrape bounds the unseen blocks only when this much later than their start
 MAX_FRAME: Final = 16 << 20  # bytes: a batch is one engine step's events
 RECEIVE_HWM: Final = 10_000  # batches queued per socket before ZMQ drops (seen as a gap)
 # An engine step's events: a few per request scheduled, each with at most the step's token ids.
@@ -111,16 +136,31 @@ def _where(inst: Instance) -> tuple[str | None, ...]:
     return inst.spec.kv_events, inst.spec.kv_events_replay, inst.spec.url
 
 
+def blocks_ever(engine: EngineSample, block_size: int, capacity: int) -> int | None:
+    """At most the blocks the engine ever cached: every full block of the tokens it processed
+    since it started, and every block in use now (a running request's tokens may not be counted
+    yet). None when its /metrics do not say."""
+    if engine.prompt_tokens is None or engine.generation_tokens is None or engine.kv_usage is None:
+        return None
+    processed = math.ceil((engine.prompt_tokens + engine.generation_tokens) / max(1, block_size))
+    return processed + math.ceil(engine.kv_usage * capacity * max(1, engine.engines))
+
+
 class KvEventsSubscriber:
     """Owns the subscriber tasks; ``sync`` after every change of the instance list.
 
     ``precise``: requests' own block hashes can be made (``[prefill] tokenizer``); without them an
     index would cost CPU and memory for nothing, so nothing is subscribed."""
 
-    def __init__(self, fleet: Iterable[Instance], *, precise: bool = True) -> None:
+    def __init__(
+        self, fleet: Iterable[Instance], *, precise: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._fleet = fleet
         self.precise = precise
+        self._clock = clock  # the scraper's: ``Instance.engine_at`` is read against it
         self._tasks: dict[str, tuple[tuple[str | None, ...], Instance, asyncio.Task[None]]] = {}
+        self._live: dict[str, asyncio.Event] = {}  # set once the instance's publisher is connected
+        self._said: dict[str, Trust] = {}  # the trust last said per instance
         self._told: set[tuple[str, str]] = set()  # (instance, what): said once
 
     def _once(self, name: str, what: str, level: int, msg: str, *args: object) -> None:
@@ -151,13 +191,25 @@ class KvEventsSubscriber:
                 task.cancel()  # its index goes when it ends
                 del self._tasks[name]
                 previous[name] = task
+        for name in set(self._live) - set(wanted):
+            self._live.pop(name).set()
         for name, inst in wanted.items():
             if name not in self._tasks:
+                live = self._live[name] = asyncio.Event()
                 task = asyncio.get_running_loop().create_task(
-                    self._run(inst, previous.get(name)), name=f"kv-events {name}"
+                    self._run(inst, previous.get(name), live), name=f"kv-events {name}"
                 )
                 task.add_done_callback(self._ended)
                 self._tasks[name] = (_where(inst), inst, task)
+
+    async def live(self, inst: Instance) -> None:
+        """Return once ``inst``'s publisher is connected (at most ``LIVE_WAIT`` s): what it publishes
+        about traffic sent after this is in its index. At once for an instance not subscribed."""
+        event = self._live.get(inst.name)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LIVE_WAIT):
+                    await event.wait()
 
     @staticmethod
     def _ended(task: asyncio.Task[None]) -> None:
@@ -176,7 +228,7 @@ class KvEventsSubscriber:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, inst: Instance, after: asyncio.Task[None] | None) -> None:
+    async def _run(self, inst: Instance, after: asyncio.Task[None] | None, live: asyncio.Event) -> None:
         if after is not None:  # the subscription it replaces closes its socket first
             await asyncio.wait([after])
         zmq = importlib.import_module("zmq")
@@ -184,21 +236,83 @@ class KvEventsSubscriber:
         connect, endpoint = subscriber_endpoint(inst.spec.kv_events or "", inst.spec.url)
         sock = _bounded(zmq, context.socket(zmq.SUB))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         index: KvIndex | None = None
         try:
             if not await self._attach(inst, sock, connect, endpoint):
                 return
             index = inst.cache.enable_index()
+            self._said.pop(inst.name, None)
             log.info("instance %s: indexing KV events from %s", inst.name, endpoint)
-            while True:
-                frames = await sock.recv_multipart()
-                if len(frames) != 3:
-                    continue
-                await self._batch(inst, index, int.from_bytes(frames[1], "big"), frames[2])
+            if not await self._peer(zmq, monitor):
+                index.note(f"no publisher connected to {endpoint} within {LIVE_WAIT:g} s")
+            live.set()
+            if inst.spec.kv_events_replay:
+                await self._catch_up(inst, index)
+            self._say(inst, index)
+            await self._listen(inst, index, sock)
         finally:
+            live.set()
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close()
             sock.close()
             if index is not None and inst.cache.index is index:
                 inst.cache.disable_index()
+
+    @staticmethod
+    async def _peer(zmq: Any, monitor: Any) -> bool:
+        """Wait for the publisher's handshake (at most ``LIVE_WAIT`` s)."""
+        parse = importlib.import_module("zmq.utils.monitor").parse_monitor_message
+        try:
+            async with asyncio.timeout(LIVE_WAIT):
+                while parse(await monitor.recv_multipart())["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    pass
+        except TimeoutError:
+            return False
+        await asyncio.sleep(LIVE_GRACE)
+        return True
+
+    async def _listen(self, inst: Instance, index: KvIndex, sock: Any) -> None:
+        epoch, since = index.epoch, self._clock()
+        idle, scraped = IDLE_CHECK, inst.engine_at
+        while True:
+            frames: list[bytes] | None = None
+            if index.trusted or not index.tracking:
+                frames = await sock.recv_multipart()
+            else:  # look at the engine's counters now and then, batches or not
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(idle):
+                        frames = await sock.recv_multipart()
+            if frames is not None and len(frames) == 3:
+                await self._batch(inst, index, int.from_bytes(frames[1], "big"), frames[2])
+            if index.epoch != epoch:
+                epoch, since = index.epoch, self._clock()
+            if not index.trusted and index.tracking:
+                self._bound(inst, index, since)
+            # No new scrape since the last look: look less often (scrapes may be far apart).
+            idle = IDLE_CHECK if inst.engine_at != scraped else min(2 * idle, IDLE_MAX)
+            scraped = inst.engine_at
+
+    def _bound(self, inst: Instance, index: KvIndex, since: float) -> None:
+        """The engine's counters, scraped after the index's unseen blocks began, bound them."""
+        engine = inst.engine
+        if engine is None or inst.engine_at < since + COUNTER_LAG:
+            return
+        ever = blocks_ever(engine, index.block_size, index.capacity)
+        if ever is not None:
+            index.bound_unknown(ever)
+            self._say(inst, index)
+
+    def _say(self, inst: Instance, index: KvIndex) -> None:
+        """One line each time the reason the index is (not) trusted changes."""
+        trust = Trust("off", index.off) if index.off is not None else index.trust
+        said = self._said.get(inst.name)
+        if said is not None and said.reason == trust.reason:
+            return
+        self._said[inst.name] = trust
+        message = trust_message(inst.name, trust, replay=bool(inst.spec.kv_events_replay))
+        log.log(logging.INFO if trust.trusted else logging.WARNING, "%s", message)
 
     async def _attach(self, inst: Instance, sock: Any, connect: bool, endpoint: str) -> bool:
         zmq = importlib.import_module("zmq")
@@ -227,67 +341,100 @@ class KvEventsSubscriber:
 
     async def _batch(self, inst: Instance, index: KvIndex, seq: int, payload: bytes) -> None:
         try:
+            await self._one(inst, index, seq, payload)
+        finally:
+            self._say(inst, index)
+
+    async def _one(self, inst: Instance, index: KvIndex, seq: int, payload: bytes) -> None:
+        try:
             ts, events = _decode(payload)
             outcome = index.apply(seq, events, ts)
         except Exception as exc:  # not a batch we can read: what it changed is unknown
-            self._once(
-                inst.name,
-                "malformed",
-                logging.WARNING,
-                "instance %s: unreadable KV event batch (%r); the index starts over",
-                inst.name,
-                exc,
-            )
-            index.start_over()
+            index.start_over("unreadable", f"batch {seq} could not be read ({exc!r})")
             return
-        if index.off is not None:
-            self._once(
-                inst.name,
-                f"off {index.off}",
-                logging.WARNING,
-                "instance %s: precise mode off: %s; the approximate cache model is used",
-                inst.name,
-                index.off,
-            )
+        replay = inst.spec.kv_events_replay
+        if outcome == "restart" and not index.trusted and replay:  # its first batches were missed
+            index.start_over("restart_missed", index.trust.detail)
+            if not await self._catch_up(inst, index):
+                index.apply(seq, events, ts)
+            return
         if outcome != "gap":
             return
         missing = index.next_seq
-        if inst.spec.kv_events_replay and missing is not None and await self._replay(inst, index, missing):
+        if replay and missing is not None and await self._replay(inst, index, missing):
             return
-        log.info("instance %s: KV events lost before seq %d; index starts over", inst.name, seq)
-        index.start_over()
+        why = "the engine's replay no longer has them" if replay else "kv_events_replay is not set"
+        index.start_over("gap", f"batches {missing}..{seq - 1} lost ({why})")
         index.apply(seq, events, ts)
 
-    async def _replay(self, inst: Instance, index: KvIndex, start: int) -> bool:
-        """Ask the engine for every batch from ``start``; True when they filled the gap."""
+    async def _fetch(self, inst: Instance, start: int) -> list[tuple[int, bytes]] | None:
+        """Every batch the engine still buffers from ``start`` on, in order (None: no answer)."""
         zmq = importlib.import_module("zmq")
         context = importlib.import_module("zmq.asyncio").Context.instance()
         dealer = _bounded(zmq, context.socket(zmq.DEALER))
-        filled = False
+        dealer.setsockopt(zmq.RCVHWM, REPLAY_HWM)  # vLLM sends its whole buffer at once
+        got: list[tuple[int, bytes]] = []
         try:
             dealer.connect(replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url))
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            async with asyncio.timeout(REPLAY_TIMEOUT):
-                first = True
+            async with asyncio.timeout(REPLAY_TOTAL):
                 while True:
-                    frames = await dealer.recv_multipart()
+                    async with asyncio.timeout(REPLAY_TIMEOUT):
+                        frames = await dealer.recv_multipart()
                     if len(frames) != 4 or frames[2] == _END:
-                        break
-                    seq = int.from_bytes(frames[2], "big")
-                    if first and seq != start:
-                        return False  # the engine no longer has them
-                    first = False
-                    ts, events = _decode(frames[3])
-                    if index.apply(seq, events, ts) == "gap":
-                        return False
-                    filled = True
-        except Exception:  # timeout, ZMQ, an unreadable batch: the caller starts over
-            return False
+                        return got
+                    got.append((int.from_bytes(frames[2], "big"), frames[3]))
+        except (TimeoutError, zmq.ZMQError):
+            return None
         finally:
             dealer.close()
-        if filled:
-            index.replayed()
-        return filled
+
+    async def _replay(self, inst: Instance, index: KvIndex, start: int) -> bool:
+        """Ask the engine for every batch from ``start``; True when they filled the gap."""
+        got = await self._fetch(inst, start)
+        if not got or got[0][0] != start:
+            return False  # no answer, or the engine no longer has them
+        try:
+            for n, (seq, payload) in enumerate(got, 1):
+                ts, events = _decode(payload)
+                if index.apply(seq, events, ts) == "gap":
+                    return False
+                if n % YIELD_EVERY == 0:  # thousands of batches: requests go on meanwhile
+                    await asyncio.sleep(0)
+        except Exception:  # an unreadable batch: the caller starts over
+            return False
+        index.replayed()
+        return True
+
+    async def _catch_up(self, inst: Instance, index: KvIndex) -> bool:
+        """Ask for every batch from the engine's start: whole at once if it still has them all.
+        False when the replay socket did not answer."""
+        got = await self._fetch(inst, 0)
+        where = replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url)
+        if got is None:
+            index.note(f"{index.trust.detail}; its replay socket {where} did not answer")
+            return False
+        if not got:
+            index.recovered(f"its replay socket {where} holds no batch: it has published nothing yet")
+            return True
+        first = got[0][0]
+        try:
+            for n, (seq, payload) in enumerate(got, 1):
+                ts, events = _decode(payload)
+                if index.apply(seq, events, ts) == "gap":
+                    missing = index.next_seq
+                    index.start_over("missed_start", f"its replay skipped batches {missing}..{seq - 1}")
+                    index.apply(seq, events, ts)
+                if n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        except Exception as exc:
+            index.start_over("unreadable", f"a replayed batch could not be read ({exc!r})")
+            return True
+        if first == 0 and index.trust.reason == "from_start":
+            index.recovered(f"its replay socket resent batches 0..{got[-1][0]}")
+        elif first > 0 and not index.trusted:
+            index.note(f"its replay buffer begins at seq {first}: the batches before are gone (buffer_steps)")
+        return True
 
     def __len__(self) -> int:
         return len(self._tasks)

@@ -6,7 +6,8 @@ that burst before its first answer comes back. It costs each instance two prompt
 salt (nothing is cached), a tiny one and one of ``warmup_tokens`` words (fewer if the model's context
 is short), each with a one-token answer; ``[dispatch] warmup_tokens = 0`` turns it off. An instance
 that refuses it (vLLM wants ``Content-Type: application/json``; a chat-only model has no completions)
-is said so in the log: dispatch then learns its speed from traffic alone.
+is said so in the log: dispatch then learns its speed from traffic alone. It waits for ``ready``
+first (the instance's KV events subscribed, in precise mode), so its blocks are indexed too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import orjson
@@ -41,11 +42,17 @@ def warmup_prompt(words: int) -> str:
 
 class Warmup:
     def __init__(
-        self, client: httpx.AsyncClient, speeds: SpeedEstimator, settings: Callable[[], Settings]
+        self,
+        client: httpx.AsyncClient,
+        speeds: SpeedEstimator,
+        settings: Callable[[], Settings],
+        *,
+        ready: Callable[[Instance], Awaitable[None]] | None = None,
     ) -> None:
         self._client = client
         self._speeds = speeds
         self._settings = settings
+        self._ready = ready
 
     async def __call__(self, inst: Instance) -> None:
         """Teach the speed estimator the instance's base latency and prefill speed."""
@@ -57,6 +64,8 @@ class Warmup:
         context = inst.model_cards.get(model, {}).get("max_model_len")
         if isinstance(context, int) and context > 0:
             tokens = max(8, min(tokens, context // _TOKENS_PER_WORD))
+        if self._ready is not None:
+            await self._ready(inst)
         for words in (8, tokens):  # the small one is mostly fixed latency, the large one mostly prefill
             got = await self._one(inst, model, words, settings.gateway.request_timeout)
             if got is None:

@@ -38,6 +38,13 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{round(value * 100)}%"
 
 
+def _precise(value: Mapping[str, str] | None) -> str:
+    """Precise mode: dispatch on the KV-event index, or on the model and why."""
+    if not value:
+        return "model"
+    return "index" if value["by"] == "index" else f"model ({value['reason'].replace('_', ' ')})"
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     title: str
@@ -58,6 +65,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("eng run", lambda r: _num(r.get("engine_running")), 3),
     Column("KV", lambda r: _pct(r.get("kv_usage")), 4),
     Column("cache hit", lambda r: _pct(r.get("prefix_hit_rate")), 5),
+    Column("cache by", lambda r: _precise(r.get("precise")), 6),
     Column("req/1m", lambda r: _num(r.get("requests_1m")), 3),
     Column("TTFT p50", lambda r: _secs(r.get("ttft_p50")), 3),
     Column("TTFT p99", lambda r: _secs(r.get("ttft_p99")), 1),

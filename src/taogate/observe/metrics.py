@@ -277,6 +277,11 @@ def _kv_index_families(fleet: Fleet) -> Iterable[Metric]:
     blocks = GaugeMetricFamily(
         "taogate_kv_index_blocks", "Block hashes in the KV-event index.", labels=labels
     )
+    by = GaugeMetricFamily(
+        "taogate_kv_index_dispatch",
+        "1 for what dispatch runs on (index or model) and why (the reason, from a fixed set).",
+        labels=["instance", "by", "reason"],
+    )
     for inst in fleet:
         index = inst.cache.index
         if index is None:
@@ -287,7 +292,8 @@ def _kv_index_families(fleet: Fleet) -> Iterable[Metric]:
         trusted.add_metric(n, 1.0 if index.trusted else 0.0)
         usable.add_metric(n, 1.0 if index.usable else 0.0)
         blocks.add_metric(n, len(index))
-    yield from (gaps, restarts, trusted, usable, blocks)
+        by.add_metric([inst.name, *index.state()], 1.0)
+    yield from (gaps, restarts, trusted, usable, blocks, by)
 
 
 class KeysCollector(Collector):

@@ -46,6 +46,14 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _precise(inst: Instance) -> dict[str, str] | None:
+    index = inst.cache.index
+    if index is None:
+        return None
+    by, reason = index.state()
+    return {"by": by, "reason": reason, "detail": index.off or index.trust.detail}
+
+
 def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
     speeds = fleet.speeds
     rows = []
@@ -71,6 +79,8 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "prefill_tokens": inst.prefill_tokens,
                 "cache_entries": inst.cache.sizes()[0],
                 "kv_index_blocks": inst.cache.sizes()[1],
+                # precise mode: dispatch on the KV-event index or on the model, and why (None: no index)
+                "precise": _precise(inst),
                 "cache_trust": round(inst.cache.model.trust, 3),
                 "engine_waiting": engine.waiting if engine else None,
                 "engine_running": engine.running if engine else None,
