@@ -30,7 +30,9 @@ a burst on a prefix no engine has computed spreads as its load needs; it still c
 below (without the miss's eviction term: its prefix is placed there already), so a follower joins
 its leader while that costs no more than the hold allows. On vLLM, which caches blocks as it
 schedules them, such a follower hits; on an engine that caches a prompt only when its prefill
-completes it does not, and neither the price nor the booking assumed it would.
+completes it does not. So the cache view learns it per instance from those followers' own
+``cached_tokens``: once they have shown hits there, in-flight followers there are priced and booked
+as hits; before that, and where they miss, at their whole prompt.
 
 * the cheapest candidate has the prefix: ``affinity_hit``;
 * else the cheapest holder, if its cost is within ``hold_ratio`` of the best's (plus
