@@ -13,7 +13,7 @@ from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from tests.conftest import KEY
 
-from .dispatch_helpers import MODEL, client, hit_rate, serve_gateway, settings_for, words
+from .dispatch_helpers import MODEL, admin_rows, client, hit_rate, serve_gateway, settings_for, words
 
 SYSTEMS = [words(1_000, seed=500 + s) for s in range(6)]  # 6 distinct ~1,000-token system prompts
 
@@ -99,3 +99,51 @@ async def test_a_route_receipt_names_the_pick_the_runner_up_and_the_evidence(
     assert "computed)" in line.split(";")[0]  # the first answer there is the evidence
     assert len(line) <= 600
     assert any(line in r.getMessage() for r in caplog.records)
+
+
+async def _in_flight_followers(config: EmulatorConfig) -> tuple[float | None, str]:
+    """Four leaders, each followed 0.1 s later (mid-prefill) by a request sharing its ~5,000-token
+    system prompt, on one instance; the last follower asks for a receipt. Returns that instance's
+    learned ``follower_hits`` and the receipt."""
+    system = [words(5_000, seed=900 + s) for s in range(4)]
+    async with run_fleet([config]) as fleet, serve_gateway(settings_for(fleet.urls)) as gate:
+        sdk = openai.AsyncOpenAI(base_url=gate.api_base, api_key=KEY, max_retries=0, timeout=60)
+
+        async def ask(s: int, question: str, headers: dict[str, str]) -> str:
+            reply = await sdk.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=[{"role": "system", "content": system[s]}, {"role": "user", "content": question}],
+                max_tokens=2,
+                extra_headers=headers,
+            )
+            return reply.headers.get("x-taogate-route", "")
+
+        try:
+            receipt = ""
+            for s in range(4):
+                leader = asyncio.ensure_future(ask(s, "first?", {}))
+                await asyncio.sleep(0.1)
+                receipt = await ask(s, "second?", {"X-Taogate-Route": "1"})
+                await leader
+        finally:
+            await sdk.close()
+        async with client() as http:
+            (row,) = (await admin_rows(http, gate)).values()
+    return row["follower_hits"], receipt
+
+
+async def test_followers_in_flight_are_priced_as_hits_only_where_their_answers_showed_hits() -> None:
+    """An engine that hits a follower of a prefix still in flight (vLLM: blocks are cached as they
+    are scheduled) teaches the gateway so from the followers' ``cached_tokens``: the fourth follower
+    is priced as a hit (evidence ``sent+learned``). One that caches a prompt only once its prefill
+    completes never does: its followers stay at their whole prompt."""
+    like_vllm = EmulatorConfig(enable_prefix_caching=True, enable_prompt_tokens_details=True)
+    learned, receipt = await _in_flight_followers(like_vllm)
+    assert learned is not None and learned >= 0.5, learned
+    assert "sent+learned)" in receipt.split(";")[0], receipt
+    after_prefill = EmulatorConfig(
+        enable_prefix_caching=True, enable_prompt_tokens_details=True, hits_after_prefill=True
+    )
+    missed, receipt = await _in_flight_followers(after_prefill)
+    assert missed is None or missed < 0.5, missed
+    assert "sent)" in receipt.split(";")[0], receipt

@@ -99,6 +99,22 @@ def test_a_burst_of_one_prefix_spreads_at_full_cost_until_a_first_token_then_hit
     assert sum(sim.work.values()) <= 16 * 100  # all hits now
 
 
+def test_where_in_flight_followers_have_hit_a_burst_joins_its_leader_at_the_hit_cost() -> None:
+    """On instances whose followers' answers showed hits while their leader was in flight (vLLM),
+    a cold burst's followers are priced and booked as those hits: far less than their whole prompt."""
+    sim = Sim()
+    for model in sim.models.values():
+        for key in (101, 102):  # two followers sent behind their leader, each hit all 4,000 tokens
+            model.dispatched(key, 4000, 4096, 16)
+            follower = model.dispatched(key, 4000, 4096, 16)
+            model.observe_cached(follower, 4000)
+            model.finished(follower)
+    lb = LeastBusy(affinity=True)
+    picks = [sim.send(lb, req(1)) for _ in range(16)]
+    holders = len(set(picks))
+    assert sum(sim.work.values()) <= holders * 4096 + 16 * 100  # one miss per holder, the rest hits
+
+
 def test_a_burst_never_piles_onto_an_idle_instance_that_has_not_computed_the_prefix() -> None:
     """The herd: three instances busy, one idle that was only *sent* the prefixes. Followers cost
     their whole prompt there, so its queue grows with each and the burst stops going there."""

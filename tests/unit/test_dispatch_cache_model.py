@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.cache_model import PrefixCacheModel
+from taogate.dispatch.cache_model import PrefixCacheModel, Ticket
 
 
 def test_a_key_is_a_hit_only_once_computed_here_and_only_here() -> None:
@@ -122,3 +122,74 @@ def test_property_bounded_by_the_instances_blocks(
     for ticket in open_tickets:
         model.finished(ticket)
     assert model.used <= capacity and len(model) <= capacity
+
+
+def _follower_answers(model: PrefixCacheModel, keys: range, cached: int) -> None:
+    """For each key: a leader, then a follower sent while the leader is in flight, whose answer
+    says it found ``cached`` tokens (the leader's own answer comes later)."""
+    for key in keys:
+        model.dispatched(key, 2000, 2040, 16)
+        follower = model.dispatched(key, 2000, 2040, 16)
+        assert follower.follow == 2000 and follower.predicted == 0
+        model.observe_cached(follower, cached)
+        model.finished(follower)
+
+
+def test_in_flight_followers_are_priced_as_hits_once_two_have_hit_here() -> None:
+    model = PrefixCacheModel()
+    _follower_answers(model, range(1, 2), 2000)
+    model.dispatched(10, 2000, 2040, 16)
+    assert not model.follows and model.expected_hit(10, 2000, 2040) == 0.0  # one is no evidence yet
+    _follower_answers(model, range(2, 3), 2000)
+    assert model.follows
+    # Now a follower of a prefix in flight here is priced as vLLM charges it: a hit.
+    assert model.expected_hit(10, 2000, 2040) == 2000.0 and model.pinned_hit(10, 2000, 2040) == 2000.0
+    assert model.dispatched(10, 2000, 2040, 16).follow == 2000
+    assert model.expected_hit(11, 2000, 2040) == 0.0  # never sent here: still no hit
+    # Followers that miss (a restart, another engine) turn it back off.
+    _follower_answers(model, range(20, 22), 0)
+    assert not model.follows and model.expected_hit(10, 2000, 2040) == 0.0
+
+
+def test_followers_that_miss_or_say_nothing_keep_the_whole_price() -> None:
+    missing = PrefixCacheModel()  # an engine that caches a prompt only once its prefill completes
+    _follower_answers(missing, range(1, 9), 0)
+    missing.dispatched(10, 2000, 2040, 16)
+    assert not missing.follows and missing.expected_hit(10, 2000, 2040) == 0.0
+    silent = PrefixCacheModel()  # streams without usage: only first tokens and counters
+    for key in range(1, 9):
+        silent.computed(silent.dispatched(key, 2000, 2040, 16))
+        silent.dispatched(key, 2000, 2040, 16)
+    silent.observe_counters(50_000.0)
+    silent.dispatched(10, 2000, 2040, 16)
+    assert not silent.follows and silent.expected_hit(10, 2000, 2040) == 0.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["send", "first", "answer", "end"]), st.integers(0, 4)), max_size=60
+    ),
+)
+def test_property_an_engine_that_misses_in_flight_followers_never_prices_them_as_hits(
+    ops: list[tuple[str, int]],
+) -> None:
+    """Whatever the order of sends, first tokens and answers, on an engine whose followers in
+    flight miss (their answers say 0 cached) a key not yet computed here is never a hit."""
+    model = PrefixCacheModel(capacity_blocks=600, block_size=16)
+    tickets: list[Ticket] = []
+    for op, key in ops:
+        if op == "send":
+            tickets.append(model.dispatched(key, 2000, 2040, 16))
+        elif tickets:
+            ticket = tickets[key % len(tickets)]
+            if op == "first":
+                model.computed(ticket)
+            elif op == "answer":
+                model.observe_cached(ticket, ticket.predicted)  # computed hits hit; followers miss
+            else:
+                model.finished(tickets.pop(key % len(tickets)))
+        assert not model.follows
+        for k in range(5):
+            if not model.holds(k):
+                assert model.expected_hit(k, 2000, 2040) == 0.0 == model.pinned_hit(k, 2000, 2040)

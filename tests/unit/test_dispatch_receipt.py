@@ -10,6 +10,7 @@ from taogate.dispatch.load import estimate
 from taogate.dispatch.policy import LeastBusy
 from taogate.dispatch.receipt import MAX_CHARS, explain, terms
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
+from taogate.fleet.cache_state import InstanceCache
 from tests.unit.test_dispatch_cache_affinity import ModelView
 
 REQ = RequestFacts("m", 3040, long=False, prefix_key=9, prefix_tokens=3000, max_tokens=16)
@@ -59,3 +60,16 @@ def test_property_bounded_ascii_one_line(names: list[str], work: int) -> None:
     assert send is not None
     line = explain(REQ, views, send, lb, {})
     assert len(line) <= MAX_CHARS and line.isascii() and "\n" not in line and "\r" not in line
+
+
+def test_the_evidence_says_when_an_in_flight_follower_is_priced_from_what_was_learned() -> None:
+    cache = InstanceCache()
+    follower = RequestFacts("m", 2040, long=False, prefix_key=1, prefix_tokens=2000, max_tokens=16)
+    assert cache.evidence(follower) == "none"
+    cache.dispatched(follower)
+    assert cache.evidence(follower) == "sent" and cache.hit(follower) == 0.0
+    for key in (2, 3):  # followers in flight that hit, as on vLLM
+        other = RequestFacts("m", 2040, long=False, prefix_key=key, prefix_tokens=2000, max_tokens=16)
+        cache.dispatched(other)
+        cache.finished(cache.dispatched(other), cached=2000)
+    assert cache.evidence(follower) == "sent+learned" and cache.hit(follower) == 2000.0

@@ -6,10 +6,11 @@ pins its prefix (reusable) and the rest of its prompt and output (never a hit) w
 ``finished`` moves them to the fresh end unpinned, and at most ``capacity`` blocks are modelled.
 ``expected_hit`` counts a key only once this engine has computed it (a first token of a request that
 carried it here, or an answer's ``cached_tokens``): a key only *sent* here prices its followers at
-their whole prompt, so a burst cannot pile onto an instance that merely looks warm. It is scaled by
-``trust``: how much of what the model predicted the engine really hit. ``eviction_cost`` is what a
-miss would push out of a full cache. Each rule's reasoning: benchmarks/README.md, "Design notes
-moved from the code".
+their whole prompt, so a burst cannot pile onto an instance that merely looks warm, unless
+``follow`` has learned from such followers' own ``cached_tokens`` that they hit here (as on vLLM,
+which caches blocks as it schedules them). Hits are scaled by ``trust``: how much of what the model
+predicted the engine really hit. ``eviction_cost`` is what a miss would push out of a full cache.
+Each rule's reasoning: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ __all__ = ["DEFAULT_BLOCKS", "PrefixCacheModel", "Ticket"]
 DEFAULT_BLOCKS: Final = 16_384
 _TRUST_ALPHA: Final = 0.3
 _MIN_TRUST: Final = 0.1
+_FOLLOW_ALPHA: Final = 0.3
+_FOLLOW_SEEN: Final = 2  # in-flight followers' answers needed before they are priced as hits
+_FOLLOW_ON: Final = 0.5  # their mean hit ratio from which they are priced as hits
 
 
 @dataclass(slots=True)
@@ -43,6 +47,7 @@ class Ticket:
     key: int | None
     anon: int
     predicted: int  # hit tokens predicted at dispatch (before trust)
+    follow: int = 0  # the hit a follower could get, when its key was in flight here (not computed)
 
 
 class PrefixCacheModel:
@@ -57,6 +62,8 @@ class PrefixCacheModel:
         self._anon = itertools.count(1)
         self._predicted = 0  # hit tokens predicted since the last counter observation
         self._exact = False  # answers carry cached_tokens: the counters are not needed
+        self.follow = 0.0  # EWMA of in-flight followers' hit ratio (``cached_tokens`` / possible hit)
+        self.follow_seen = 0  # in-flight followers whose answers said how much they hit
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -88,17 +95,30 @@ class PrefixCacheModel:
         entry = self._entries.get(key)
         return entry is not None and entry.reusable
 
+    @property
+    def follows(self) -> bool:
+        """Whether in-flight followers have been seen to hit here (so they are priced as hits)."""
+        return self.follow_seen >= _FOLLOW_SEEN and self.follow >= _FOLLOW_ON
+
+    def in_flight(self, key: int | None) -> bool:
+        """Whether one of our requests carries this key here now and the engine has not computed
+        it yet (no evidence): a follower sent now is an in-flight follower."""
+        entry = self._entries.get(key) if key is not None else None
+        return entry is not None and entry.reusable and entry.pinned > 0 and not entry.computed
+
     def expected_hit(self, key: int | None, prefix_tokens: int, prompt_tokens: int) -> float:
         """Prefill tokens a request with this prefix is expected to skip here."""
         if key is None or not self.holds(key):
-            return 0.0
+            return self._follower_hit(key, prefix_tokens, prompt_tokens)
         return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
 
     def pinned_hit(self, key: int | None, prefix_tokens: int, prompt_tokens: int) -> float:
-        """``expected_hit`` for a computed key one of our requests is using here right now."""
+        """``expected_hit`` for a key one of our requests is using here right now."""
         entry = self._entries.get(key) if key is not None else None
-        if entry is None or not entry.reusable or not entry.pinned or not entry.computed:
+        if entry is None or not entry.reusable or not entry.pinned:
             return 0.0
+        if not entry.computed:
+            return self._follower_hit(key, prefix_tokens, prompt_tokens)
         return self.max_hit(prefix_tokens, prompt_tokens) * self.trust
 
     def inflight(self, key: int) -> int:
@@ -126,7 +146,9 @@ class PrefixCacheModel:
         self, key: int | None, prefix_tokens: int, prompt_tokens: int, output_tokens: int
     ) -> Ticket:
         """A request sent here: its prefix and the rest now occupy the cache, pinned while it runs."""
-        predicted = self.max_hit(prefix_tokens, prompt_tokens) if key is not None and self.holds(key) else 0
+        possible = self.max_hit(prefix_tokens, prompt_tokens) if key is not None else 0
+        predicted = possible if key is not None and self.holds(key) else 0
+        follow = possible if self.in_flight(key) else 0
         self._predicted += predicted
         prefix_blocks = self._blocks(prefix_tokens) if key is not None else 0
         rest = self._blocks(max(0, prompt_tokens - prefix_tokens) + max(0, output_tokens))
@@ -145,7 +167,7 @@ class PrefixCacheModel:
             entry.uses += 1
             self._entries[key] = entry
         self._evict()
-        return Ticket(key, anon, predicted)
+        return Ticket(key, anon, predicted, follow)
 
     def computed(self, ticket: Ticket) -> None:
         """The engine computed this request's prefix (its first token came): later ones may hit it."""
@@ -169,6 +191,11 @@ class PrefixCacheModel:
         """The engine said how many prompt tokens this request found cached (exact evidence)."""
         self._exact = True
         self.computed(ticket)  # an answer with usage: its prompt was prefilled
+        if ticket.follow > 0:  # sent while its prefix was in flight here: did the engine hit it?
+            ratio = min(1.0, cached_tokens / (0.95 * ticket.follow))
+            first = self.follow_seen == 0
+            self.follow = ratio if first else self.follow + _FOLLOW_ALPHA * (ratio - self.follow)
+            self.follow_seen += 1
         if ticket.predicted > 0:  # the prediction rests on estimated token counts: a few % off
             self._learn(cached_tokens / (0.95 * ticket.predicted))
         elif cached_tokens > 0 and self.trust < 1.0:  # a hit we did not predict: the cache holds more
@@ -182,6 +209,11 @@ class PrefixCacheModel:
         self._learn(hit_tokens / (0.95 * predicted))
 
     # -- internals ------------------------------------------------------------------------------
+    def _follower_hit(self, key: int | None, prefix_tokens: int, prompt_tokens: int) -> float:
+        if not self.follows or not self.in_flight(key):
+            return 0.0
+        return self.max_hit(prefix_tokens, prompt_tokens) * self.trust * self.follow
+
     def _learn(self, ratio: float) -> None:
         ratio = min(1.0, max(0.0, ratio))
         self.trust = max(_MIN_TRUST, self.trust + _TRUST_ALPHA * (ratio - self.trust))

@@ -7,9 +7,11 @@
   subscribed, or after lost events) it only under-reports, so the modelled hit is the floor. While
   trusted, the floor is our own running requests whose prefix the engine has computed
   (``pinned_hit``: their blocks cannot be evicted, and their events may be a step late). A prefix
-  only sent there, with no first token yet, is no hit: the index shows it once the engine stores it.
+  only sent there, with no first token yet, is no hit (the index shows it once the engine stores
+  it), unless that engine's in-flight followers have been seen to hit (``follows``).
 * approximate: the model's ``expected_hit`` (``dispatch.cache_model``), which likewise counts a
-  prefix only once the engine has computed it (a first token, or ``cached_tokens``).
+  prefix only once the engine has computed it (a first token, or ``cached_tokens``), or while it
+  is in flight once followers there have shown hits in their ``cached_tokens``.
 * no cache at all when the instance says its prefix caching is off (``caching``): dispatch then
   works there as with affinity off.
 
@@ -63,8 +65,9 @@ class InstanceCache:
 
     def evidence(self, req: RequestFacts) -> str:
         """What says this instance holds ``req``'s prefix (the route receipt's word for it):
-        ``kv_event``, ``computed`` (a first token or an answer here), ``sent`` (not computed yet,
-        so no hit is priced), or ``none``."""
+        ``kv_event``, ``computed`` (a first token or an answer here), ``sent+learned`` (in flight,
+        not computed yet, priced as a hit: this engine's in-flight followers have hit), ``sent``
+        (not computed yet, so no hit is priced), or ``none``."""
         index, blocks, key = self.index, req.blocks, req.prefix_key
         if index is not None and blocks is not None and index.usable:
             indexed = index.cached_run(blocks.hashes(index.block_size))
@@ -72,7 +75,12 @@ class InstanceCache:
                 return "kv_event"
         if key is None:
             return "none"
-        return "computed" if self.model.holds(key) else "sent" if self.model.sent(key) else "none"
+        model = self.model
+        if model.holds(key):
+            return "computed"
+        if model.in_flight(key) and model.follows:
+            return "sent+learned"
+        return "sent" if model.sent(key) else "none"
 
     # -- evidence ----------------------------------------------------------------------------------
     def configure(self, config: CacheConfig | None) -> None:

@@ -82,6 +82,9 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 # precise mode: dispatch on the KV-event index or on the model, and why (None: no index)
                 "precise": _precise(inst),
                 "cache_trust": round(inst.cache.model.trust, 3),
+                # in-flight followers' mean hit ratio here (None before their answers said): ≥ 0.5
+                # after two or more, and they are priced as hits
+                "follower_hits": _round(inst.cache.model.follow) if inst.cache.model.follow_seen else None,
                 "engine_waiting": engine.waiting if engine else None,
                 "engine_running": engine.running if engine else None,
                 "kv_usage": _round(engine.kv_usage) if engine else None,
