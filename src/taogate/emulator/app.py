@@ -1,6 +1,5 @@
-"""The emulator's ASGI application: routing, the small endpoints, lifespan.
-
-Endpoints (vLLM's OpenAI-compatible server plus emulator controls):
+"""The emulator's ASGI application (routing, the small endpoints, lifespan). Its endpoints, vLLM's
+OpenAI-compatible server's plus the emulator's controls:
 
 ====================================  =========================================================
 ``GET  /health``                      200 empty body; 503 with the ``unhealthy`` fault
@@ -22,7 +21,7 @@ Endpoints (vLLM's OpenAI-compatible server plus emulator controls):
 ``GET  /emulator/stats``              counters and recent request records
 ====================================  =========================================================
 
-Where the emulator still differs from vLLM on the wire, and why, is listed in ``conformance``.
+Where it still differs from vLLM on the wire, and why: ``conformance``.
 """
 
 from __future__ import annotations

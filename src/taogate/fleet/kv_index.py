@@ -1,31 +1,16 @@
 """The blocks one instance really holds, from its KV-cache events (precise mode).
 
-``BlockStored``/``BlockRemoved`` events keep a reference count per vLLM block hash (the same hash may
-be stored twice), bounded at ``capacity`` hashes, oldest first out. A request's hit is the longest
-run of its leading block hashes present (``cached_run``), as vLLM's lookup stops at the first miss.
+``BlockStored``/``BlockRemoved`` events keep a reference count per vLLM block hash, bounded at
+``capacity`` hashes (oldest first out, as removals may be lost). A request's hit is the longest run
+of its leading block hashes present (``cached_run``), as vLLM's lookup stops at the first miss.
 
-Bounded: at most ``capacity`` hashes (the instance's usable blocks); past it, because removals
-were lost, the entries stored longest ago go first.
-
-Trust (``trust``, its reason and detail: ``fleet.kv_trust``). Batches carry a sequence number from
-0 per engine start. Seeing batch 0 means being there from the start: complete. A batch numbered 0
-below the one expected is a restart (the engine's cache is empty: start over, complete from here).
-Any other number below it is stale (a batch a replay already applied, still queued on the socket)
-and is ignored, unless it is stamped later than the last batch applied: then the engine restarted
-and we missed its first batches. A first batch past 0 is a missed start; one that skips batches is
-a gap (the index may hold blocks that are gone and lack ones that are there). Untrusted, dispatch
-uses the approximate model until a replay fills what is missing, or the index is proven complete:
-the engine clears its cache; it reports nothing cached since it started (``bound_unknown(0)``
-before any batch); or every block it may have held unseen is evicted since (``unknown``: at most
-its capacity, or the bound its counters give, less each removal of a block never seen stored).
-Not proof: having stored as many blocks as it holds since (a block hit all along is never evicted;
-``benchmarks/kv_trust_rules.py`` counts how often such an index is wrong).
-
-Only the GPU prefix cache of the first KV-cache group is indexed: events about offloaded copies
-(``medium`` other than ``GPU``) or other groups (hybrid models) describe blocks a request's lookup
-does not find. The first stored root block is checked against our own hash of its tokens: a
-server with another hash function or seed never matches a request's hashes, and precise mode is
-off for it (``off`` says why), as it is when the server says it hashes with another algorithm.
+Trust (``trust``, its reason and detail: ``fleet.kv_trust``): batches are numbered from 0 per engine
+start. Batch 0 or a restart makes the index complete; a missed start or a gap makes it untrusted,
+and dispatch uses the approximate model until a replay fills what is missing or the index is proven
+complete (the engine cleared its cache, reports nothing cached since it started, or has evicted
+every block it may have held unseen). Having stored as many blocks as it holds is no proof. Only
+the first KV-cache group's GPU blocks are indexed, and a server hashing differently is left out
+(``off`` says why). The rules in full: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

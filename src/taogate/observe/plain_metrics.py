@@ -11,6 +11,7 @@ the family is a collector that writes the same samples prometheus_client's ``Cou
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
@@ -67,8 +68,9 @@ class _Family(Collector, Generic[C]):
             self._children[()] = self._new()
         registry.register(self)
 
+    @abstractmethod
     def _new(self) -> C:
-        raise NotImplementedError
+        """A fresh child for one label set."""
 
     def labels(self, *values: str) -> C:
         child = self._children.get(values)
@@ -84,8 +86,9 @@ class _Family(Collector, Generic[C]):
     def describe(self) -> Iterable[Metric]:
         return [self._family()]
 
+    @abstractmethod
     def _family(self) -> Metric:
-        raise NotImplementedError
+        """An empty family of this metric's type, to fill with samples."""
 
 
 class PlainCounter(_Family[CounterChild]):
