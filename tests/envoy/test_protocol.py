@@ -187,11 +187,11 @@ async def test_a_request_whose_stream_closes_while_queued_leaves_the_queue() -> 
             await second.send(request_headers=_headers(_request()))
             await second.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
             await wait_until(lambda: gateway.dispatcher.queued == 1, what="queued")
-            gone = gateway.metrics.client_disconnects._value.get()
+            gone = gateway.metrics.client_disconnects.labels().value
             second.cancel()
             await wait_until(lambda: gateway.dispatcher.queued == 0, what="left the queue")
             await wait_until(
-                lambda: gateway.metrics.client_disconnects._value.get() == gone + 1, what="accounted"
+                lambda: gateway.metrics.client_disconnects.labels().value == gone + 1, what="accounted"
             )
             first.cancel()
             await wait_until(lambda: sum(i.inflight for i in gateway.fleet) == 0, what="lease released")

@@ -172,9 +172,11 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
             for chart in ("c-inflight", "c-ttft", "c-rps"):
                 await page.wait_for_function(f"document.querySelectorAll('#{chart}-legend li').length === 4")
                 assert await page.locator(f"#{chart}-legend li.slow").text_content() == f"{SLOW} (slow)"
-                shown = await page.eval_on_selector_all(
-                    f"#{chart}-legend li",
-                    "items => items.map(li => [li.textContent, li.scrollWidth <= li.clientWidth,"
+                # One look inside the page: the page redraws its legends every second, so items
+                # found first and measured in a second call may be gone by then.
+                shown = await page.evaluate(
+                    f"() => [...document.querySelectorAll('#{chart}-legend li')].map(li =>"
+                    " [li.textContent, li.scrollWidth <= li.clientWidth,"
                     " li.getBoundingClientRect().right"
                     " <= li.closest('figure').getBoundingClientRect().right])",
                 )

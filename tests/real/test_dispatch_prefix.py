@@ -5,7 +5,7 @@ its last one ends (the second wave). The default and least_requests each run it 
 of their own, on prompts no earlier row sent (cold caches), their turns alternating.
 
 Noise-robust assertions: the default's prefix-cache hit rate (the servers' own counters) is at least
-least_requests', and in no wave does the slow card take more than its share of the fleet's batch
+least_requests', less ``HIT_NOISE`` (two runs of the same rows on this tier differ by that much), and in no wave does the slow card take more than its share of the fleet's batch
 slots (plus one: the cap's slack); a herd onto a card that has not computed a prefix yet breaks it.
 It also holds the emulator to what vLLM does with a follower: a request that shares a leader's
 prefix and arrives with it, or queues behind it, hits the blocks the leader is computing.
@@ -44,6 +44,7 @@ WAVES = 2
 SLOTS = 4  # --max-num-seqs per server
 MAX_LEN = 1024
 BLOCKS = 14  # 13 usable blocks of 128 tokens: about two of the four prompts, plus what runs
+HIT_NOISE = 0.05  # hit rates of two runs of the same row on this tier differ by up to this much
 ROWS: tuple[tuple[str, dict[str, object]], ...] = (
     ("least_requests", {"strategy": "least_requests", "prefix_affinity": False}),
     ("default", {}),
@@ -155,7 +156,7 @@ async def test_the_default_hits_at_least_as_often_and_never_herds_onto_the_slow_
     bound = math.ceil(CLIENTS / len(tight_pair)) + 1  # its share of the slots, plus the cap's slack
     for w, wave in enumerate(by["default"].waves):
         assert wave["slow"] <= bound, (w, wave)
-    assert by["default"].hit >= by["least_requests"].hit, rows
+    assert by["default"].hit >= by["least_requests"].hit - HIT_NOISE, rows
 
 
 def _emulated_follower_hit(gap_steps: int, max_num_seqs: int) -> int:
