@@ -5,8 +5,9 @@ its last one ends (the second wave). The default and least_requests each run it 
 of their own, on prompts no earlier row sent (cold caches), their turns alternating.
 
 Noise-robust assertions: the default's prefix-cache hit rate (the servers' own counters) is at least
-least_requests', less ``HIT_NOISE`` (two runs of the same rows on this tier differ by that much), and in no wave does the slow card take more than its share of the fleet's batch
-slots (plus one: the cap's slack); a herd onto a card that has not computed a prefix yet breaks it.
+least_requests', less ``HIT_NOISE`` (two runs of the same rows on this tier differ by that much),
+and in no wave does the slow card take more than its share of the fleet's batch slots (plus one:
+the cap's slack); a herd onto a card that has not computed a prefix yet breaks it.
 It also holds the emulator to what vLLM does with a follower: a request that shares a leader's
 prefix and arrives with it, or queues behind it, hits the blocks the leader is computing.
 """
