@@ -135,12 +135,12 @@ async def _in_flight_followers(config: EmulatorConfig) -> tuple[float | None, st
 async def test_followers_in_flight_are_priced_as_hits_only_where_their_answers_showed_hits() -> None:
     """An engine that hits a follower of a prefix still in flight (vLLM: blocks are cached as they
     are scheduled) teaches the gateway so from the followers' ``cached_tokens``: the fourth follower
-    is priced as a hit (evidence ``sent+learned``). One that caches a prompt only once its prefill
+    is priced as a hit (evidence ``in_flight``). One that caches a prompt only once its prefill
     completes never does: its followers stay at their whole prompt."""
     like_vllm = EmulatorConfig(enable_prefix_caching=True, enable_prompt_tokens_details=True)
     learned, receipt = await _in_flight_followers(like_vllm)
     assert learned is not None and learned >= 0.5, learned
-    assert "sent+learned)" in receipt.split(";")[0], receipt
+    assert "in_flight)" in receipt.split(";")[0], receipt
     after_prefill = EmulatorConfig(
         enable_prefix_caching=True, enable_prompt_tokens_details=True, hits_after_prefill=True
     )

@@ -84,11 +84,22 @@ def test_a_never_seen_key_is_no_hit_anywhere() -> None:
     assert choice is not None and choice.reason == "least_load" and choice.work == 4096
 
 
+def _followers_seen_missing(sim: Sim) -> None:
+    """Every instance's followers in flight were seen to miss: an engine that caches a prompt only
+    once its prefill completes (vLLM hits them, and the model assumes so until told otherwise)."""
+    for model in sim.models.values():
+        model.dispatched(999, 4000, 4096, 16)
+        follower = model.dispatched(999, 4000, 4096, 16)
+        model.observe_cached(follower, 0)
+        model.finished(follower)
+
+
 def test_a_burst_of_one_prefix_spreads_at_full_cost_until_a_first_token_then_hits() -> None:
     """16 at once sharing a 4,000-token prefix that no engine has computed yet: each is booked at
     its whole prompt (no instance looks almost free), so the burst spreads evenly. Once their first
     tokens came, the next 16 hit wherever the prefix now is, booking only their questions."""
     sim = Sim()
+    _followers_seen_missing(sim)
     lb = LeastBusy(affinity=True)
     picks = [sim.send(lb, req(1)) for _ in range(16)]
     assert Counter(picks) == Counter(dict.fromkeys(NAMES, 4))
@@ -119,6 +130,7 @@ def test_a_burst_never_piles_onto_an_idle_instance_that_has_not_computed_the_pre
     """The herd: three instances busy, one idle that was only *sent* the prefixes. Followers cost
     their whole prompt there, so its queue grows with each and the burst stops going there."""
     sim = Sim()
+    _followers_seen_missing(sim)
     lb = LeastBusy(affinity=True)
     for name in ("a", "b", "c"):
         sim.work[name] = 30_000  # busy with 30,000 tokens of prefill each
@@ -236,6 +248,7 @@ def test_a_follower_joins_its_leader_at_full_cost_while_the_queues_are_comparabl
     there, booked at its whole prompt (on vLLM it hits the blocks its leader is computing; on an
     engine that caches only computed prompts it does not, and nothing assumed it would)."""
     sim = Sim()
+    _followers_seen_missing(sim)
     lb = LeastBusy(affinity=True)
     for name in NAMES:
         sim.work[name] = 20_000

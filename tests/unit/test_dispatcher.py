@@ -126,9 +126,9 @@ def test_an_instance_view_carries_each_value_in_its_named_field() -> None:
     assert view == expected
 
 
-def test_a_prefix_is_priced_as_a_hit_only_after_a_first_token_there() -> None:
-    """The lease's first token is the evidence the engine computed its prefix: before it, a follower
-    is booked at its whole prompt on that instance; after it, at its question alone."""
+def test_a_follower_in_flight_is_booked_as_vllm_charges_it_and_a_first_token_makes_it_computed() -> None:
+    """A follower of a prefix in flight is booked at its question alone, as vLLM charges it (it hits
+    the blocks its leader schedules); the lease's first token marks the prefix computed there."""
     s = Settings(instances=[InstanceSettings(url="http://127.0.0.1:9", name="a")])
     fleet = Fleet(s, SpeedEstimator())
     fleet.apply(s, specs_from_settings(s, {}))
@@ -140,8 +140,10 @@ def test_a_prefix_is_priced_as_a_hit_only_after_a_first_token_there() -> None:
     leader = d.try_acquire(facts)
     follower = d.try_acquire(facts)
     assert leader is not None and follower is not None
-    assert follower[1].work == 3040  # sent, not computed: no hit yet
+    assert follower[1].work is not None and follower[1].work <= 48  # in flight: a hit, as on vLLM
+    assert not next(iter(fleet)).cache.model.holds(5)
     leader[0].first_token()
+    assert next(iter(fleet)).cache.model.holds(5)
     late = d.try_acquire(facts)
     assert late is not None and late[1].work is not None and late[1].work <= 48
     for lease, _ in (leader, follower, late):

@@ -6,9 +6,9 @@ pins its prefix (reusable) and the rest of its prompt and output (never a hit) w
 ``finished`` moves them to the fresh end unpinned, and at most ``capacity`` blocks are modelled.
 ``expected_hit`` counts a key only once this engine has computed it (a first token of a request that
 carried it here, or an answer's ``cached_tokens``): a key only *sent* here prices its followers at
-their whole prompt, so a burst cannot pile onto an instance that merely looks warm, unless
-``follow`` has learned from such followers' own ``cached_tokens`` that they hit here (as on vLLM,
-which caches blocks as it schedules them). Hits are scaled by ``trust``: how much of what the model
+their whole prompt once such followers' own ``cached_tokens`` have shown that they miss here
+(``follow``); before that they are priced as hits, as vLLM charges them (it caches blocks as it
+schedules them, measured on real vLLM). Hits are scaled by ``trust``: how much of what the model
 predicted the engine really hit. ``eviction_cost`` is what a miss would push out of a full cache.
 Each rule's reasoning: benchmarks/README.md, "Design notes moved from the code".
 """
@@ -27,7 +27,6 @@ DEFAULT_BLOCKS: Final = 16_384
 _TRUST_ALPHA: Final = 0.3
 _MIN_TRUST: Final = 0.1
 _FOLLOW_ALPHA: Final = 0.3
-_FOLLOW_SEEN: Final = 2  # in-flight followers' answers needed before they are priced as hits
 _FOLLOW_ON: Final = 0.5  # their mean hit ratio from which they are priced as hits
 
 
@@ -62,7 +61,10 @@ class PrefixCacheModel:
         self._anon = itertools.count(1)
         self._predicted = 0  # hit tokens predicted since the last counter observation
         self._exact = False  # answers carry cached_tokens: the counters are not needed
-        self.follow = 0.0  # EWMA of in-flight followers' hit ratio (``cached_tokens`` / possible hit)
+        # EWMA of in-flight followers' hit ratio (``cached_tokens`` / possible hit). It starts at what
+        # real vLLM does (it hits them: it caches blocks as it schedules them); the first answer
+        # that shows a miss replaces it, so an engine that caches only after prefill is priced so.
+        self.follow = 1.0
         self.follow_seen = 0  # in-flight followers whose answers said how much they hit
 
     def __len__(self) -> int:
@@ -97,8 +99,9 @@ class PrefixCacheModel:
 
     @property
     def follows(self) -> bool:
-        """Whether in-flight followers have been seen to hit here (so they are priced as hits)."""
-        return self.follow_seen >= _FOLLOW_SEEN and self.follow >= _FOLLOW_ON
+        """Whether in-flight followers hit here, as on vLLM, until answers show otherwise (so they
+        are priced as hits)."""
+        return self.follow >= _FOLLOW_ON
 
     def in_flight(self, key: int | None) -> bool:
         """Whether one of our requests carries this key here now and the engine has not computed

@@ -7,7 +7,7 @@ the chosen instance's estimate and the runner-up's (the cheapest other) into the
 * ``queued``: the prefill booked ahead of it there, at that instance's speed and slowdown;
 * ``own``: its own prefill after the expected hit, with the hit and its evidence (``kv_event``: the
   instance's KV events show the blocks; ``computed``: a request with this prefix had its first
-  token, or an answer, there; ``sent+learned``: in flight there, not computed yet, priced as a hit
+  token, or an answer, there; ``in_flight``: in flight there, not computed yet, priced as a hit
   because that instance's earlier in-flight followers hit; ``sent``: only sent there, not computed
   yet, so no hit is priced; ``none``);
 * ``decode``: the first output tokens at its learned pace;

@@ -65,9 +65,9 @@ class InstanceCache:
 
     def evidence(self, req: RequestFacts) -> str:
         """What says this instance holds ``req``'s prefix (the route receipt's word for it):
-        ``kv_event``, ``computed`` (a first token or an answer here), ``sent+learned`` (in flight,
-        not computed yet, priced as a hit: this engine's in-flight followers have hit), ``sent``
-        (not computed yet, so no hit is priced), or ``none``."""
+        ``kv_event``, ``computed`` (a first token or an answer here), ``in_flight`` (in flight, not
+        computed yet, priced as a hit as on vLLM, until this engine's followers were seen to miss),
+        ``sent`` (not computed yet, so no hit is priced), or ``none``."""
         index, blocks, key = self.index, req.blocks, req.prefix_key
         if index is not None and blocks is not None and index.usable:
             indexed = index.cached_run(blocks.hashes(index.block_size))
@@ -79,7 +79,7 @@ class InstanceCache:
         if model.holds(key):
             return "computed"
         if model.in_flight(key) and model.follows:
-            return "sent+learned"
+            return "in_flight"
         return "sent" if model.sent(key) else "none"
 
     # -- evidence ----------------------------------------------------------------------------------
