@@ -24,7 +24,9 @@ import uvicorn
 from taogate.listener import ListenerLimits, protocol_class
 from taogate.settings import GatewaySettings
 
-_STARTUP_TIMEOUT_S = 15.0
+#: Startup runs one probe round, warm-up prefills included: against busy engines on a small machine
+#: those queue behind the engines' own work (15 s was seen to fall short on the real tier).
+_STARTUP_TIMEOUT_S = 60.0
 #: File descriptors kept beside the client connections: the upstream pool's, the control plane's,
 #: the listening socket, logs, and room for the instances' probes.
 _FD_RESERVE = 128
