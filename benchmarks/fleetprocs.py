@@ -113,9 +113,12 @@ http {{
 """
 
 
-def reference(workdir: Path, urls: list[str], client: str) -> AbstractAsyncContextManager[Child]:
-    """A reference proxy: ``reference_proxy.py`` (FastAPI + ``client``, no logic), or nginx
-    (``client="nginx"``, ``least_conn`` over keep-alive upstream connections)."""
+def reference(
+    workdir: Path, urls: list[str], client: str, wrapper: Sequence[str] = ()
+) -> AbstractAsyncContextManager[Child]:
+    """A reference proxy: ``reference_proxy.py`` (FastAPI + ``client``, or ``bare``: taogate's own
+    listener and ``h1`` with no logic), or nginx (``client="nginx"``, ``least_conn`` over keep-alive
+    upstream connections). ``wrapper`` goes before a Python proxy's command (a profiler)."""
     port = free_port()
     log = workdir / f"reference-{client}.log"
     if client == "nginx":
@@ -125,6 +128,15 @@ def reference(workdir: Path, urls: list[str], client: str) -> AbstractAsyncConte
         cmd = ["nginx", "-p", str(workdir), "-e", "stderr", "-c", str(conf)]
     else:
         script = str(ROOT / "benchmarks" / "reference_proxy.py")
-        cmd = [sys.executable, script, "--client", client, "--port", str(port), *urls]
+        cmd = [*wrapper, sys.executable, script, "--client", client, "--port", str(port), *urls]
     url = f"http://127.0.0.1:{port}"
-    return launch(cmd, name=f"reference {client}", log=log, cwd=workdir, ready_url=url, ready_paths=READY)
+    within = 600.0 if wrapper else 60.0  # a profiler slows the start down
+    return launch(
+        cmd,
+        name=f"reference {client}",
+        log=log,
+        cwd=workdir,
+        ready_url=url,
+        ready_paths=READY,
+        ready_within=within,
+    )

@@ -13,7 +13,9 @@ load window's length is subtracted: the net figure is the request path's.
 Configurations (``--configs``): ``default`` (as shipped: metrics and the access log at ``info``),
 ``quiet`` (``log_level = "warning"``: no access log), and ``precise`` (the default with a local
 tokenizer and a KV-events subscriber per instance, as overhead.py's ``--precise``; the instant
-emulators publish no events). ``--keep DIR`` keeps callgrind's output files for
+emulators publish no events); ``bare``, the floor of this stack: ``reference_proxy.py --client
+bare``, the same uvicorn listener and ``h1`` pool forwarding with none of the gateway's features.
+``--keep DIR`` keeps callgrind's output files for
 ``callgrind_annotate``.
 Prompts (``--prompt``): ``tiny`` (``"hi <n>"`` completions, overhead.py's load) or ``chat`` (a
 shared ~1,100-character system prompt and a short question: a prefix key per request). Rounds
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-from fleetprocs import emulators, gateway
+from fleetprocs import emulators, gateway, reference
 from overhead import API_KEY, MODEL, precise_config
 
 CONCURRENCY = 32
@@ -111,16 +113,21 @@ async def count(config: str, prompt: str, requests: int, keep: Path | None) -> t
                 f"--callgrind-out-file={workdir / 'callgrind.out'}",
             ]
             route, body = _body(prompt)
-            async with gateway(
-                workdir,
-                emu.urls,
-                "warning" if config == "quiet" else "info",
-                API_KEY,
-                QUIET + extra,
-                instance_extra=per_instance,
-                wrapper=callgrind,
-                ready_within=600,
-            ) as gw:
+            server = (
+                reference(workdir, emu.urls, "bare", wrapper=callgrind)
+                if config == "bare"
+                else gateway(
+                    workdir,
+                    emu.urls,
+                    "warning" if config == "quiet" else "info",
+                    API_KEY,
+                    QUIET + extra,
+                    instance_extra=per_instance,
+                    wrapper=callgrind,
+                    ready_within=600,
+                )
+            )
+            async with server as gw:
                 url = gw.url + route
                 await _load(url, WARMUP, body)
                 pid = str(gw.pid)
@@ -169,7 +176,10 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=2000, help="requests in each counted window")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, each counting every configuration")
     parser.add_argument(
-        "--configs", nargs="+", choices=("default", "quiet", "precise"), default=["default", "precise"]
+        "--configs",
+        nargs="+",
+        choices=("default", "quiet", "precise", "bare"),
+        default=["default", "precise"],
     )
     parser.add_argument("--keep", type=Path, default=None, help="copy callgrind's output files here")
     parser.add_argument("--prompt", choices=("tiny", "chat"), default="tiny")

@@ -20,6 +20,7 @@ import argparse
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import httpx
@@ -74,6 +75,43 @@ def httpx_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
 
 
 CLIENTS = {"aiohttp": aiohttp_client, "httpx": httpx_client}
+BARE = "bare"
+
+
+def bare(upstreams: list[str]) -> Callable[..., Awaitable[None]]:
+    """The floor of taogate's own stack: a raw ASGI app (no FastAPI) on the same uvicorn listener,
+    forwarding over taogate's ``h1`` pool to the upstreams in turn, the answer returned whole. What
+    a proxied request costs on this stack before any of the gateway's features."""
+    from taogate.h1 import Origin, Pool
+
+    origins = itertools.cycle([Origin.parse(u) for u in upstreams])
+    pool = Pool(64, connect_timeout=5.0, read_timeout=30.0, pool_timeout=30.0)
+    keep = (b"content-type", b"authorization")
+
+    async def app(
+        scope: dict[str, object], receive: Callable[..., Awaitable[dict[str, object]]], send: Any
+    ) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")  # type: ignore[operator]
+            more = bool(message.get("more_body"))
+        headers = [(k, v) for k, v in scope["headers"] if k in keep]  # type: ignore[attr-defined]
+        path = str(scope["path"]).encode()
+        r = await pool.request(next(origins), path, headers, body)
+        content = await r.aread()
+        out = [(b"content-type", r.header("content-type").encode() or b"application/json")]
+        await send({"type": "http.response.start", "status": r.status_code, "headers": out})
+        await send({"type": "http.response.body", "body": content})
+
+    return app
 
 
 def build(upstreams: list[str], client: str) -> FastAPI:
@@ -106,12 +144,13 @@ def build(upstreams: list[str], client: str) -> FastAPI:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--client", choices=sorted(CLIENTS), default="aiohttp")
+    p.add_argument("--client", choices=sorted([*CLIENTS, BARE]), default="aiohttp")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("upstreams", nargs="+", help="base URLs of the emulators")
     args = p.parse_args()
+    app = bare(args.upstreams) if args.client == BARE else build(args.upstreams, args.client)
     uvicorn.run(
-        build(args.upstreams, args.client),
+        app,
         host="127.0.0.1",
         port=args.port,
         log_level="warning",
