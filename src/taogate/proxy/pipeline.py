@@ -36,6 +36,7 @@ from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import DroppedResponses
 from taogate.observe.metrics import GatewayMetrics
 from taogate.proxy.auth import KeyCheck, header
+from taogate.proxy.disconnect import DisconnectWatch
 from taogate.proxy.forward import Forward, plan
 from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
 from taogate.proxy.multipart import ClientLeft
@@ -82,6 +83,10 @@ class Exchange:
 
     def last_message(self) -> None:
         self.finished = True
+
+    @property
+    def reading(self) -> bool:
+        return self.forward.reading
 
 
 class InFlight:
@@ -192,7 +197,15 @@ class Pipeline:
             ids, fleet = self.responses, self.dispatcher.fleet
             forward, exclude = plan(route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet)
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
-            await self._serve_watching_disconnect(ex, receive)
+            watch = DisconnectWatch(ex, receive, WATCH_AFTER)
+            try:
+                await self._serve(ex)
+            except asyncio.CancelledError:
+                if watch.left():
+                    raise ClientGone from None
+                raise
+            finally:
+                watch.stop()
         except (ClientGone, ClientLeft) as exc:
             rec.status = 499
             self.metrics.client_disconnects.inc()
@@ -225,53 +238,6 @@ class Pipeline:
                 inflight.idle.set()
             self.limiter.release(admission, rec)
             self.accounting.record(rec)
-
-    async def _serve_watching_disconnect(self, ex: Exchange, receive: Receive) -> None:
-        """Serve in this task while a small task waits for the client to go away; if it does, this
-        task is cancelled, which releases the lease and closes the upstream connection (vLLM then
-        aborts the request).
-
-        The watcher starts only once the request has lasted ``WATCH_AFTER`` seconds: most requests
-        a gateway sees at high rates finish sooner, and a timer is cheaper than a task. A client
-        that left earlier is seen then, since uvicorn answers ``receive()`` with ``http.disconnect``
-        at once for a connection already gone: an abort at most ``WATCH_AFTER`` late, on requests
-        that cost the instance little so far."""
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        watching = True
-        gone = False
-        listener: asyncio.Future[Any] | None = None
-        timer: asyncio.TimerHandle
-
-        def on_message(fut: asyncio.Future[Any]) -> None:
-            nonlocal gone
-            # uvicorn answers receive() with http.disconnect once the response is complete, too.
-            if watching and not ex.finished and not fut.cancelled() and fut.exception() is None:
-                gone = True
-                task.cancel()
-
-        def watch(again: Callable[..., None]) -> None:
-            # ``again`` is this function: passed in, so that it does not hold itself in a cycle.
-            nonlocal listener, timer
-            if watching and ex.forward.reading:  # receive() is the streamed body's until its end
-                timer = loop.call_later(WATCH_AFTER, again, again)
-            elif watching:
-                listener = asyncio.ensure_future(receive())
-                listener.add_done_callback(on_message)
-
-        timer = loop.call_later(WATCH_AFTER, watch, watch)
-        try:
-            await self._serve(ex)
-        except asyncio.CancelledError:
-            if gone and task.uncancel() == 0:
-                raise ClientGone from None
-            raise
-        finally:
-            watching = False
-            timer.cancel()
-            if listener is not None:
-                listener.cancel()
 
     async def _serve(self, ex: Exchange) -> None:
         """Attempts: acquire a lease, forward, and fail over before the first byte went downstream."""
