@@ -14,7 +14,8 @@ Configurations (``--configs``): ``default`` (as shipped: metrics and the access 
 ``quiet`` (``log_level = "warning"``: no access log), and ``precise`` (the default with a local
 tokenizer and a KV-events subscriber per instance, as overhead.py's ``--precise``; the instant
 emulators publish no events); ``bare``, the floor of this stack: ``reference_proxy.py --client
-bare``, the same uvicorn listener and ``h1`` pool forwarding with none of the gateway's features.
+bare``, the same uvicorn listener and ``h1`` pool forwarding with none of the gateway's features;
+``raw``, the same forwarding on an httptools protocol without uvicorn or ASGI.
 ``--keep DIR`` keeps callgrind's output files for
 ``callgrind_annotate``.
 Prompts (``--prompt``): ``tiny`` (``"hi <n>"`` completions, overhead.py's load) or ``chat`` (a
@@ -114,8 +115,8 @@ async def count(config: str, prompt: str, requests: int, keep: Path | None) -> t
             ]
             route, body = _body(prompt)
             server = (
-                reference(workdir, emu.urls, "bare", wrapper=callgrind)
-                if config == "bare"
+                reference(workdir, emu.urls, config, wrapper=callgrind)
+                if config in ("bare", "raw")
                 else gateway(
                     workdir,
                     emu.urls,
@@ -178,7 +179,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--configs",
         nargs="+",
-        choices=("default", "quiet", "precise", "bare"),
+        choices=("default", "quiet", "precise", "bare", "raw"),
         default=["default", "precise"],
     )
     parser.add_argument("--keep", type=Path, default=None, help="copy callgrind's output files here")

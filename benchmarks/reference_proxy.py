@@ -11,22 +11,31 @@ read once and forwarded verbatim to the upstreams in turn, the answer returned w
 relays a stream chunk by chunk). No auth, dispatch, retries, metrics or logging: the floor of a
 Python proxy built the usual way.
 
+Two floors of taogate's own stack, forwarding over its ``h1`` pool with none of its features:
+``bare``, a raw ASGI app on the same uvicorn listener as the gateway, and ``raw``, an httptools
+protocol of its own with no uvicorn and no ASGI (what uvicorn's per-request cycle costs on top).
+
     python benchmarks/reference_proxy.py --client aiohttp --port P http://127.0.0.1:A ...
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
+import httptools
 import httpx
 import uvicorn
+import uvloop
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+
+from taogate.h1 import Origin, Pool
 
 DROPPED_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "authorization"}
 Forward = Callable[[str, bytes, dict[str, str]], Awaitable[Response]]
@@ -75,18 +84,16 @@ def httpx_client() -> tuple[Forward, Callable[[], Awaitable[None]]]:
 
 
 CLIENTS = {"aiohttp": aiohttp_client, "httpx": httpx_client}
-BARE = "bare"
+BARE, RAW = "bare", "raw"
+KEPT_HEADERS = (b"content-type", b"authorization")
 
 
 def bare(upstreams: list[str]) -> Callable[..., Awaitable[None]]:
     """The floor of taogate's own stack: a raw ASGI app (no FastAPI) on the same uvicorn listener,
     forwarding over taogate's ``h1`` pool to the upstreams in turn, the answer returned whole. What
     a proxied request costs on this stack before any of the gateway's features."""
-    from taogate.h1 import Origin, Pool
-
     origins = itertools.cycle([Origin.parse(u) for u in upstreams])
     pool = Pool(64, connect_timeout=5.0, read_timeout=30.0, pool_timeout=30.0)
-    keep = (b"content-type", b"authorization")
 
     async def app(
         scope: dict[str, object], receive: Callable[..., Awaitable[dict[str, object]]], send: Any
@@ -103,7 +110,7 @@ def bare(upstreams: list[str]) -> Callable[..., Awaitable[None]]:
             message = await receive()
             body += message.get("body", b"")  # type: ignore[operator]
             more = bool(message.get("more_body"))
-        headers = [(k, v) for k, v in scope["headers"] if k in keep]  # type: ignore[attr-defined]
+        headers = [(k, v) for k, v in scope["headers"] if k in KEPT_HEADERS]  # type: ignore[attr-defined]
         path = str(scope["path"]).encode()
         r = await pool.request(next(origins), path, headers, body)
         content = await r.aread()
@@ -112,6 +119,72 @@ def bare(upstreams: list[str]) -> Callable[..., Awaitable[None]]:
         await send({"type": "http.response.body", "body": content})
 
     return app
+
+
+class RawProtocol(asyncio.Protocol):
+    """``raw``: the same forwarding as ``bare`` on an httptools protocol of its own, without uvicorn
+    or ASGI (keep-alive, one request at a time per connection, no limits): what uvicorn's cycle
+    costs on top. A measuring stick, not a server to run."""
+
+    def __init__(self, origins: Iterator[Origin], pool: Pool) -> None:
+        self._origins = origins
+        self._pool = pool
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._body = b"", [], []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in KEPT_HEADERS:
+            self._headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        method = self._parser.get_method()
+        task = asyncio.get_running_loop().create_task(self._answer(method, self._url, b"".join(self._body)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, method: bytes, url: bytes, body: bytes) -> None:
+        assert self._transport is not None
+        if method != b"POST":
+            self._transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            return
+        r = await self._pool.request(next(self._origins), url, self._headers, body)
+        content = await r.aread()
+        media = r.header("content-type").encode() or b"application/json"
+        head = b"HTTP/1.1 %d OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
+            r.status_code,
+            media,
+            len(content),
+        )
+        self._transport.write(head + content)
+
+
+async def serve_raw(port: int, upstreams: list[str]) -> None:
+    origins = itertools.cycle([Origin.parse(u) for u in upstreams])
+    pool = Pool(64, connect_timeout=5.0, read_timeout=30.0, pool_timeout=30.0)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: RawProtocol(origins, pool), "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
 
 
 def build(upstreams: list[str], client: str) -> FastAPI:
@@ -144,10 +217,13 @@ def build(upstreams: list[str], client: str) -> FastAPI:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--client", choices=sorted([*CLIENTS, BARE]), default="aiohttp")
+    p.add_argument("--client", choices=sorted([*CLIENTS, BARE, RAW]), default="aiohttp")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("upstreams", nargs="+", help="base URLs of the emulators")
     args = p.parse_args()
+    if args.client == RAW:
+        uvloop.run(serve_raw(args.port, args.upstreams))
+        return
     app = bare(args.upstreams) if args.client == BARE else build(args.upstreams, args.client)
     uvicorn.run(
         app,

@@ -60,6 +60,15 @@ def test_uvicorn_builds_the_url_in_on_url_and_parses_it_when_the_head_is_done() 
     assert "httptools.parse_url(self.url)" in _source(HttpToolsProtocol.on_headers_complete)
 
 
+def test_uvicorns_header_callback_is_what_the_subclass_writes_out() -> None:
+    # LimitedProtocol.on_header does uvicorn's work itself, instead of a call per field.
+    src = _source(HttpToolsProtocol.on_header)
+    assert "name = name.lower()" in src
+    assert 'name == b"expect" and value.lower() == b"100-continue"' in src
+    assert "self.expect_100_continue = True" in src
+    assert "self.headers.append((name, value))" in src
+
+
 def test_a_cycle_takes_the_protocol_transport_and_its_response_callback_at_the_head() -> None:
     src = _source(HttpToolsProtocol.on_headers_complete)
     assert "transport=self.transport" in src

@@ -171,11 +171,15 @@ UPSTREAM_ERRORS = h1.TransportError
 def _nominated(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:
     """The header names (lower case) the ``Connection`` fields list (empty for the usual
     ``keep-alive``/``close``, which are dropped anyway)."""
-    names: set[bytes] = set()
+    names: set[bytes] | None = None  # the usual headers have no Connection field: nothing built
     for k, v in headers:
         if k == b"connection":
+            names = names if names is not None else set()
             names.update(t for token in v.split(b",") if (t := token.strip().lower()))
-    return frozenset(names - HOP_BY_HOP - {b"close"})
+    return _NOMINATED_NONE if names is None else frozenset(names - HOP_BY_HOP - {b"close"})
+
+
+_NOMINATED_NONE: frozenset[bytes] = frozenset()
 
 
 def upstream_headers(
