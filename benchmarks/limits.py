@@ -37,8 +37,8 @@ import httpx
 from fleetprocs import emulators, gateway
 
 from taogate.bench.procs import free_port
+from taogate.key_settings import LimitsSettings
 from taogate.proxy.auth import KeyCheck
-from taogate.tenancy.config import LimitsSettings
 from taogate.tenancy.fairshare import FairShare
 from taogate.tenancy.keys import KeyTable, Tenant
 from taogate.tenancy.limiter import Limiter

@@ -22,8 +22,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taogate.dispatch.types import STRATEGIES, Strategy
 from taogate.instance_settings import DiscoverySettings, InstanceSettings
+from taogate.key_settings import KeyList, LimitsSettings
 from taogate.sections import Section, check_base_url
-from taogate.tenancy.config import KeyList, LimitsSettings
 
 log = logging.getLogger("taogate.settings")
 

@@ -11,8 +11,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.observe.access_log import _FIELDS, _ROUNDED, AccessLog, RequestRecord, _secs, _text
+from taogate.observe.access_log import _FIELDS, _ROUNDED, AccessLog, _secs, _text
 from taogate.observe.logs import LOG_FORMAT, BatchedStreamHandler, SecondCachedFormatter
+from taogate.request_record import RequestRecord
 
 
 def reference_text_line(rec: RequestRecord) -> str:

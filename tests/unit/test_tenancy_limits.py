@@ -7,10 +7,10 @@ import hashlib
 import pytest
 
 from taogate.errors import NotFound
+from taogate.key_settings import LimitsSettings
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.priority import resolve
 from taogate.settings import ConfigError, Settings
-from taogate.tenancy.config import LimitsSettings
 from taogate.tenancy.fairshare import FairShare
 from taogate.tenancy.keys import KeyTable, Tenant, new_key
 from taogate.tenancy.limiter import Limiter, RateLimited

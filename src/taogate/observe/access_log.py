@@ -8,38 +8,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import orjson
 
+from taogate.request_record import RequestRecord
+
 log = logging.getLogger("taogate.access")
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    request_id: str
-    route: str
-    started: float
-    key: str | None = None  # the client key's name (never the key itself)
-    model: str | None = None
-    client_tag: str | None = None
-    tag: str | None = None
-    long: bool = False
-    instance: str | None = None
-    status: int = 500
-    prompt_tokens_est: int | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None  # of the prompt, served by the prefix cache; None: usage did not say
-    ttfb: float | None = None
-    duration: float = 0.0
-    queue_wait: float = 0.0
-    retries: int = 0
-    channel_fallback: bool | None = None  # True: sent outside its long/short channel
-    error: str | None = None
-    reject: str | None = None
-    priority: int | None = None  # the priority class, when not the default (0)
 
 
 _FIELDS = (

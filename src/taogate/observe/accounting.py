@@ -16,8 +16,9 @@ from taogate.dispatch.types import RequestFacts
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.learning import Learning
 from taogate.fleet.lease import Lease
-from taogate.observe.access_log import AccessLog, RequestRecord
+from taogate.observe.access_log import AccessLog
 from taogate.observe.metrics import GatewayMetrics, priority_label
+from taogate.request_record import RequestRecord
 
 
 @dataclass(slots=True)

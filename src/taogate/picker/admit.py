@@ -21,13 +21,13 @@ from taogate.dispatch.types import RequestFacts
 from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
 from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
-from taogate.observe.access_log import RequestRecord
 from taogate.picker.encoding import Headers
 from taogate.picker.hints import excluded_by_subset
 from taogate.proxy.auth import header
 from taogate.proxy.forward import Forward, plan
 from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.upstream import HOP_BY_HOP, upstream_headers
+from taogate.request_record import RequestRecord
 
 __all__ = ["Admission", "Answer", "Picked", "header_changes"]
 

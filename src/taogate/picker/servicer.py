@@ -22,7 +22,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from taogate.errors import OPENAI_ERRORS, GatewayError, NoInstance, Unauthorized
 from taogate.gateway import Gateway
-from taogate.observe.access_log import RequestRecord
 from taogate.picker import encoding
 from taogate.picker.admit import Admission, Answer, error_answer, route_method
 from taogate.picker.hints import served_endpoint, subset_hint
@@ -30,6 +29,7 @@ from taogate.picker.tap import Tap
 from taogate.proxy.auth import header
 from taogate.proxy.intake import request_id
 from taogate.proxy.routes import Route
+from taogate.request_record import RequestRecord
 
 __all__ = ["Picker"]
 

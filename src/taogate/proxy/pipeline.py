@@ -31,7 +31,6 @@ from taogate.fleet.events import FleetEvents
 from taogate.fleet.instance import Instance
 from taogate.fleet.lease import Lease
 from taogate.fleet.load_report import RESPONSE_HEADER as LOAD_REPORT_RESPONSE
-from taogate.observe.access_log import RequestRecord
 from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import DroppedResponses
 from taogate.observe.metrics import GatewayMetrics
@@ -53,6 +52,7 @@ from taogate.proxy.upstream import (
     upstream_headers,
 )
 from taogate.proxy.usage import usage_of_body
+from taogate.request_record import RequestRecord
 from taogate.settings import Settings
 from taogate.tenancy.limiter import Admission, Limiter
 

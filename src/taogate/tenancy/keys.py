@@ -16,8 +16,8 @@ import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from taogate.key_settings import UNIFIED_KEY, KeySettings
 from taogate.settings import ConfigError, Settings
-from taogate.tenancy.config import UNIFIED_KEY, KeySettings
 
 __all__ = ["UNIFIED_KEY", "KeyTable", "Tenant", "digest", "new_key"]
 

@@ -21,9 +21,9 @@ from starlette.types import Send
 
 from taogate.dispatch.types import RequestFacts
 from taogate.errors import GatewayError, NoInstance, NotFound
-from taogate.observe.access_log import RequestRecord
+from taogate.key_settings import LimitsSettings
+from taogate.request_record import RequestRecord
 from taogate.tenancy.answers import RateLimited, rate_headers, refusal
-from taogate.tenancy.config import LimitsSettings
 from taogate.tenancy.fairshare import FairShare
 from taogate.tenancy.keys import KeyTable, Tenant
 from taogate.tenancy.store import LocalStore, Store

@@ -1,7 +1,7 @@
 """``[[keys]]`` and ``[limits]``: the named client keys and where their limits are counted.
 
 Part of the one settings tree (``taogate.settings`` holds them as ``Settings.keys`` and
-``Settings.limits``); here, beside the rest of the tenancy package.
+``Settings.limits``), read by the tenancy package, as ``instance_settings`` is by the fleet.
 """
 
 from __future__ import annotations
