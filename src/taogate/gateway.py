@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry
 from taogate import h1
 from taogate.control.discovery import Discovery, Resolver, discovered_specs, system_resolver
 from taogate.control.http import control_client, control_timeouts
-from taogate.control.kv_events import KvEventsSubscriber, require_precise
+from taogate.control.kv_endpoints import require_precise
+from taogate.control.kv_events import KvEventsSubscriber
 from taogate.control.loops import Background
 from taogate.control.probes import HealthProbes
 from taogate.control.scraper import Scraper

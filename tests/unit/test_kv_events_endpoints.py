@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from taogate.control.kv_events import _decode, replay_endpoint, require_precise, subscriber_endpoint
+from taogate.control.kv_endpoints import replay_endpoint, require_precise, subscriber_endpoint
+from taogate.control.kv_events import _decode
 from taogate.instance_settings import InstanceSettings
 from taogate.settings import ConfigError, Settings
 

@@ -1,9 +1,6 @@
 """The KV-events subscriber: one ZMQ SUB socket per instance that publishes, feeding its index.
 
-vLLM connects its PUB socket to a non-wildcard endpoint (``kv_events = "tcp://127.0.0.1:5557"`` on
-the instance), so the gateway binds that address; to a wildcard, IPv6 or ipc one vLLM binds, and
-the gateway connects: to a wildcard's port on the instance's own host (from its ``url``), as it
-does to the replay socket, which vLLM always binds. A subscription is ``live`` once the publisher
+Where it binds or connects: ``control.kv_endpoints``. A subscription is ``live`` once the publisher
 is connected: the gateway's own first traffic (warm-up) waits for it. With ``kv_events_replay``
 the engine is then asked for every batch from 0, so an engine started first is indexed whole at
 once; later gaps are asked for the same way. Each batch (``[topic, seq, msgpack [ts, events,
@@ -18,8 +15,7 @@ may land on another rank (vLLM's API server balances between them).
 
 Anyone who reaches a bound SUB socket can publish into it: frames and msgpack containers are
 bounded, and a bind on anything but loopback is warned about.
-pyzmq and msgpack are the ``precise`` extra: imported only when an instance has ``kv_events``
-(``require_precise`` says at start and reload when they are missing).
+pyzmq and msgpack are the ``precise`` extra: imported only when an instance has ``kv_events``.
 """
 
 from __future__ import annotations
@@ -32,16 +28,14 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
-from urllib.parse import urlsplit
 
-from taogate.dispatch.blocks import publisher_binds
+from taogate.control.kv_endpoints import replay_endpoint, subscriber_endpoint, tcp_parts
 from taogate.fleet.engine import EngineSample
 from taogate.fleet.instance import Instance
 from taogate.fleet.kv_index import KvIndex
 from taogate.fleet.kv_trust import Trust, trust_message
-from taogate.settings import ConfigError, Settings
 
-__all__ = ["KvEventsSubscriber", "replay_endpoint", "require_precise", "subscriber_endpoint"]
+__all__ = ["KvEventsSubscriber"]
 
 log = logging.getLogger("taogate.health")
 
@@ -66,52 +60,7 @@ _UNPACK_LIMITS: Final = {
     "max_ext_len": 1 << 10,
 }
 BIND_BACKOFF: Final = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # ZMQ releases a closed socket's port later
-_WILDCARDS: Final = frozenset({"*", "0.0.0.0", "[::]", "::"})
 _LOOPBACK: Final = ("127.", "localhost", "[::1]")
-PRECISE_MODULES: Final = ("zmq", "msgpack")
-
-
-def require_precise(settings: Settings) -> None:
-    """ConfigError when an instance has ``kv_events`` and pyzmq or msgpack is not installed."""
-    items = [*settings.instances, *([settings.overflow] if settings.overflow else [])]
-    if not any(i.kv_events for i in items):
-        return
-    for module in PRECISE_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            raise ConfigError(
-                f"kv_events needs the `{module}` package (precise prefix-cache dispatch): "
-                "pip install 'taogate[precise]', or remove kv_events"
-            ) from None
-
-
-def _tcp(endpoint: str) -> tuple[str, str] | None:
-    if not endpoint.startswith("tcp://"):
-        return None
-    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
-    return (host, port) if sep else None
-
-
-def _on_instance_host(endpoint: str, url: str) -> str:
-    """A wildcard's port on the instance's own host (a wildcard cannot be connected to)."""
-    parts = _tcp(endpoint)
-    host = urlsplit(url).hostname
-    if parts is None or parts[0] not in _WILDCARDS or not host:
-        return endpoint
-    return f"tcp://[{host}]:{parts[1]}" if ":" in host else f"tcp://{host}:{parts[1]}"
-
-
-def subscriber_endpoint(endpoint: str, url: str) -> tuple[bool, str]:
-    """(connect, address): what the gateway's SUB socket does with an instance's ``kv_events``."""
-    if publisher_binds(endpoint):
-        return True, _on_instance_host(endpoint, url)
-    return False, endpoint
-
-
-def replay_endpoint(endpoint: str, url: str) -> str:
-    """Where the gateway's DEALER connects: vLLM binds its replay ROUTER whatever the address."""
-    return _on_instance_host(endpoint, url)
 
 
 def _decode(payload: bytes) -> tuple[float | None, list[Any]]:
@@ -316,7 +265,7 @@ class KvEventsSubscriber:
 
     async def _attach(self, inst: Instance, sock: Any, connect: bool, endpoint: str) -> bool:
         zmq = importlib.import_module("zmq")
-        parts = _tcp(endpoint)
+        parts = tcp_parts(endpoint)
         if not connect and parts is not None and not parts[0].startswith(_LOOPBACK):
             log.warning(
                 "instance %s: KV events bound on %s: anyone who reaches it can steer dispatch; "
