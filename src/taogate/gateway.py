@@ -192,7 +192,7 @@ class Gateway:
         try:
             return load_prompt_tokenizer(settings.prefill.tokenizer, settings.prefill.chat_template)
         except TokenizerUnavailable:
-            if any(i.kv_events for i in settings.instances):
+            if settings.kv_events:
                 raise
             return None
 

@@ -76,6 +76,10 @@ class InstanceSettings(Section):
         return instance_label(self.url, self.name)
 
 
+#: The wildcard hosts a pod's publisher binds (``dispatch.blocks.publisher_binds``'s tcp ones).
+_WILDCARD_HOSTS = frozenset({"*", "[::]"})
+
+
 class DiscoverySettings(Section):
     """``[discovery]``: instances from a DNS name (e.g. a Kubernetes headless Service), re-resolved."""
 
@@ -85,6 +89,28 @@ class DiscoverySettings(Section):
     interval: float = Field(default=10.0, gt=0, description="Seconds between re-resolutions.")
     role: Role = Field(default="any", description="Role of discovered instances.")
     api_key_env: str | None = Field(default=None, description="Env var with the instances' own key.")
+    kv_events: str | None = Field(
+        default=None,
+        description="Every pod's KV-events endpoint as its --kv-events-config gives it, a wildcard "
+        "(tcp://*:5557): each pod binds it, and the gateway connects to that port on the pod's "
+        "address; precise prefix-cache dispatch.",
+    )
+    kv_events_replay: str | None = Field(
+        default=None, description="Every pod's replay endpoint (tcp://*:5558), reached the same way."
+    )
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _wildcard(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.removeprefix("tcp://").rpartition(":")
+        if not v.startswith("tcp://") or not sep or host not in _WILDCARD_HOSTS or not port.isdigit():
+            raise ValueError(
+                f"[discovery] {info.field_name} = {v!r}: a wildcard endpoint, e.g. tcp://*:5557 (each "
+                "pod binds it and the gateway connects to that port on every discovered address)"
+            )
+        return v
 
     @field_validator("dns")
     @classmethod

@@ -339,7 +339,14 @@ class Settings(BaseSettings):
             )
         if not self.instances and self.discovery.dns is None:
             out.append("no instances configured: every request will get 503 until some are added.")
+        if self.discovery.kv_events and self.discovery.dns is None:
+            out.append("[discovery] kv_events is set without dns: no instance is discovered to use it.")
         return out
+
+    @property
+    def kv_events(self) -> bool:
+        """Whether some instance, listed or discovered, publishes its KV events (precise mode)."""
+        return bool(self.discovery.kv_events) or any(i.kv_events for i in self.instances)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -7,11 +7,13 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from taogate.app import create_app
+from taogate.bench.procs import free_port
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.serving import bind_socket, serve_asgi
@@ -157,3 +159,41 @@ async def test_instances_that_leave_take_their_metric_series_with_them() -> None
             text = (await h.get(served.url + "/metrics")).text
             assert f'instance="{gone}"' not in text
             assert request_series(text, f"127.0.0.2:{port}")
+
+
+@pytest.mark.timeout(60)
+async def test_discovered_instances_publish_their_kv_events_on_their_own_address(tmp_path: Path) -> None:
+    # Precise mode on a headless Service: every pod binds tcp://*:P, and the gateway subscribes to
+    # port P on each address the name resolves to.
+    pytest.importorskip("zmq")
+    pytest.importorskip("msgpack")
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.save(str(tmp_path / "tokenizer.json"))  # prompts are token ids: any tokenizer will do
+    kv_port = free_port()
+    cfg = EmulatorConfig(
+        step_overhead=0.002, enable_prefix_caching=True, kv_events_endpoint=f"tcp://*:{kv_port}"
+    )
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    async with run_fleet([cfg]) as fleet:
+        port = int(fleet.urls[0].rsplit(":", 1)[1])
+        settings = Settings(
+            gateway={"shutdown_timeout": 2},
+            discovery={"dns": "vllm.test", "port": port, "kv_events": f"tcp://*:{kv_port}"},
+            dispatch={"health_check_interval": 0.2, "warmup_tokens": 0},
+            prefill={"tokenizer": str(tmp_path / "tokenizer.json")},
+        )
+        app = create_app(settings, environ=ENV, resolver=resolver)
+        async with serve_asgi(app) as served, httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+            (inst,) = list(app.gateway.fleet)
+            assert inst.spec.kv_events == f"tcp://*:{kv_port}"
+            for i in range(100):  # until the subscription sees what the engine stored (slow joiner)
+                body = {"model": "emulated-model", "prompt": [1000 + i] * 40, "max_tokens": 1}
+                assert (await h.post(served.url + "/v1/completions", json=body)).status_code == 200
+                if len(inst.cache.index or ()) > 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(inst.cache.index or ()) > 0, "no KV event from the discovered instance"

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from taogate.config_files import load_settings, redacted_dump
 from taogate.settings import ConfigError, Settings, expand_env
@@ -246,3 +247,23 @@ def test_instance_keys_are_trimmed_and_control_characters_refused() -> None:
     assert specs_from_settings(s, {"A_KEY": "  "})[0].api_key is None
     with pytest.raises(ConfigError, match="A_KEY holds a control character"):
         specs_from_settings(s, {"A_KEY": "sk-1\r\nx-evil: 1"})
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://*:5557", "tcp://[::]:5557"])
+def test_discovery_takes_a_wildcard_kv_events_endpoint_every_pod_binds(endpoint: str) -> None:
+    s = Settings(discovery={"dns": "vllm.test", "kv_events": endpoint, "kv_events_replay": "tcp://*:5558"})
+    assert s.kv_events and s.discovery.kv_events == endpoint
+    assert not Settings(discovery={"dns": "vllm.test"}).kv_events
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["tcp://10.0.0.2:5557", "ipc:///tmp/kv", "tcp://*", "tcp://*:x", "*:5557"]
+)
+def test_discovery_refuses_an_endpoint_a_pod_would_not_bind(endpoint: str) -> None:
+    with pytest.raises(ValidationError, match="wildcard endpoint"):
+        Settings(discovery={"dns": "vllm.test", "kv_events": endpoint})
+
+
+def test_discovery_kv_events_without_dns_is_warned_about() -> None:
+    s = Settings(instances=[{"url": "http://127.0.0.1:8000"}], discovery={"kv_events": "tcp://*:5557"})
+    assert any("kv_events is set without dns" in w for w in s.warnings())

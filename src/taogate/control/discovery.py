@@ -46,6 +46,8 @@ def discovered_specs(
                 api_key=key,
                 role=cfg.role,
                 cap=settings.dispatch.max_queue_per_instance,
+                kv_events=cfg.kv_events,
+                kv_events_replay=cfg.kv_events_replay,
             )
         )
     return out

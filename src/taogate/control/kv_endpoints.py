@@ -24,8 +24,7 @@ PRECISE_MODULES: Final = ("zmq", "msgpack")
 
 def require_precise(settings: Settings) -> None:
     """ConfigError when an instance has ``kv_events`` and pyzmq or msgpack is not installed."""
-    items = [*settings.instances, *([settings.overflow] if settings.overflow else [])]
-    if not any(i.kv_events for i in items):
+    if not settings.kv_events and not (settings.overflow and settings.overflow.kv_events):
         return
     for module in PRECISE_MODULES:
         try:
