@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from taogate.bench import workloads
 from taogate.bench.compare import run_compare, run_target
@@ -22,6 +21,30 @@ from taogate.bench.diagnose import Diagnosis
 from taogate.bench.diagnose import diagnose as run_diagnosis
 from taogate.bench.endpoint import Endpoint, fail, resolve_endpoint
 from taogate.bench.notes import held_logs
+from taogate.bench.options import (
+    BaseUrlOpt,
+    CacheOpt,
+    ConcOpt,
+    ConfigOpt,
+    EmulateOpt,
+    FileOpt,
+    InstancesOpt,
+    InstanceUrlOpt,
+    JsonOpt,
+    KeyOpt,
+    MaxReqOpt,
+    MaxSecOpt,
+    MaxTokOpt,
+    ModelOpt,
+    PlotOpt,
+    PromptOpt,
+    RateOpt,
+    RequestsOpt,
+    SettingsOpt,
+    SlowOpt,
+    StrategyOpt,
+    WorkloadOpt,
+)
 from taogate.bench.render import (
     instance_table,
     make_console,
@@ -41,70 +64,6 @@ __all__ = ["bench", "demo", "diagnose"]
 WORKLOADS = ("long-prompts", "single", "mixed", "shared-prefix", "file")
 #: Mixed traffic is offered at this fraction of the emulated fleet's prefill capacity by default.
 MIXED_LOAD = 0.7
-
-SettingsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--settings",
-        help="settings.json: the gateway's URL, key and model (taotoken), the instance URLs "
-        "(vllm.instances). Default: ./settings.json when it exists, as serve reads it.",
-    ),
-]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        help=escape(
-            "config.toml whose [[instances]] (their names too) are the fleet, as serve reads it. "
-            "Default: ./config.toml when it exists."
-        ),
-    ),
-]
-BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="Gateway base URL (overrides profile).")]
-KeyOpt = Annotated[str | None, typer.Option("--key", help="API key (default: profile, $TAOTOKEN_API_KEY).")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name (default: profile).")]
-WorkloadOpt = Annotated[str, typer.Option("--workload", help="long-prompts|single|mixed|shared-prefix|file.")]
-RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests per run (workload default).")]
-ConcOpt = Annotated[int, typer.Option("--concurrency", help="Requests in flight at once.")]
-PromptOpt = Annotated[int, typer.Option("--prompt-tokens", help="Approximate prompt size in tokens.")]
-MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="max_tokens per request.")]
-RateOpt = Annotated[float | None, typer.Option("--rate", help="mixed: Poisson arrivals per second.")]
-FileOpt = Annotated[Path | None, typer.Option("--file", help="JSONL prompts for --workload file.")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write results (summaries, samples) here.")]
-PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot here.")]
-EmulateOpt = Annotated[
-    bool, typer.Option("--emulate", help="Start an emulated fleet and gateway in-process.")
-]
-InstancesOpt = Annotated[int, typer.Option("--instances", help="--emulate: fleet size.")]
-SlowOpt = Annotated[list[str] | None, typer.Option("--slow", help="--emulate: INDEX=FACTOR slow instance.")]
-CacheOpt = Annotated[
-    bool,
-    typer.Option(
-        "--prefix-caching/--no-prefix-caching",
-        help="--emulate: the emulated instances' prefix caching (on by default, as recommended for vLLM).",
-    ),
-]
-InstanceUrlOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--instance",
-        help=escape(
-            "A vLLM base URL (repeat). Default: the instances serve would use: config.toml's "
-            "[[instances]], else settings.json's vllm.instances. Each is called by its configured "
-            "name, else host:port."
-        ),
-    ),
-]
-MaxReqOpt = Annotated[int, typer.Option("--max-requests", help="Safety cap on requests per run.")]
-MaxSecOpt = Annotated[float, typer.Option("--max-seconds", help="Safety cap on seconds per run.")]
-StrategyOpt = Annotated[
-    str,
-    typer.Option(
-        "--strategy",
-        help=f"--emulate without --compare: the in-process gateway's strategy ({', '.join(STRATEGIES)}).",
-    ),
-]
 
 
 def build_workload(
