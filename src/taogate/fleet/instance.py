@@ -74,17 +74,26 @@ class Instance:
         breaker_cooldown: float,
         assume_up: bool = False,
     ) -> None:
-        self.spec = spec
-        self.health = HealthTracker(unhealthy_after=unhealthy_after, healthy_after=healthy_after)
-        self.breaker = Breaker(failures=breaker_failures, cooldown=breaker_cooldown)
+        # The view dispatch last saw (``Fleet.views``), kept while nothing it shows has changed:
+        # every write below that it shows drops it (``_changed``), and ``Fleet.views`` rebuilds it
+        # when time alone moves it (``_view_ref``: the engine stats' age; the speed bound's TTL)
+        # or the speed estimator has moved on (``_view_speeds``: its version).
+        self._view: InstanceView | None = None
+        self._view_ref = math.inf
+        self._view_speeds = -1
+        self.spec = spec  # replaced only through ``Fleet.apply`` (which drops every view)
+        self.health = HealthTracker(
+            unhealthy_after=unhealthy_after, healthy_after=healthy_after, on_move=self._changed
+        )
+        self.breaker = Breaker(failures=breaker_failures, cooldown=breaker_cooldown, on_move=self._changed)
         # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
         self._assume_up = assume_up
-        self.models: frozenset[str] = frozenset()
-        self.draining = False
-        self.inflight = 0
-        self.prefilling = 0
-        self.prefill_tokens = 0
-        self.prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
+        self._models: frozenset[str] = frozenset()
+        self._draining = False
+        self._inflight = 0
+        self._prefilling = 0
+        self._prefill_tokens = 0
+        self._prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
         self.cache = InstanceCache()  # its prefix cache: modelled, and indexed from KV events if any
         self.pending: dict[PendingRequest, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
@@ -105,9 +114,97 @@ class Instance:
         self._bound = math.inf  # speed_bound over ``pending``, as of ``_bound_at``
         self._bound_at = -math.inf
 
+    def _changed(self) -> None:
+        """Something the dispatch view shows has changed: the next ``Fleet.views`` rebuilds it."""
+        self._view = None
+
     @property
     def name(self) -> str:
         return self.spec.name
+
+    # -- what the view shows, each write dropping it -----------------------------------------------
+    @property
+    def models(self) -> frozenset[str]:
+        return self._models
+
+    @models.setter
+    def models(self, value: frozenset[str]) -> None:
+        self._models = value
+        self._view = None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        self._view = None
+
+    @property
+    def inflight(self) -> int:
+        """Our requests sent here and not finished (the leases held)."""
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._inflight = value
+        self._view = None
+
+    @property
+    def prefilling(self) -> int:
+        """Those of them with no first token yet."""
+        return self._prefilling
+
+    @prefilling.setter
+    def prefilling(self, value: int) -> None:
+        self._prefilling = value
+        self._view = None
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Their prompt tokens (the leases' ``tokens``)."""
+        return self._prefill_tokens
+
+    @prefill_tokens.setter
+    def prefill_tokens(self, value: int) -> None:
+        self._prefill_tokens = value
+        self._view = None
+
+    @property
+    def prefill_work(self) -> int:
+        """Their expected uncached prefill (the leases' ``work``)."""
+        return self._prefill_work
+
+    @prefill_work.setter
+    def prefill_work(self, value: int) -> None:
+        self._prefill_work = value
+        self._view = None
+
+    # -- leases (``lease.Lease``): one write each, not one per counter ---------------------------
+    def book(self, lease: PendingRequest, tokens: int, work: int) -> int:
+        """A lease taken here; returns our prefill tokens queued ahead of it."""
+        ahead = self._prefill_tokens
+        self._inflight += 1
+        self._prefilling += 1
+        self._prefill_tokens = ahead + tokens
+        self._prefill_work += work
+        self.pending[lease] = None
+        self._view = None
+        return ahead
+
+    def prefilled(self, lease: PendingRequest, tokens: int, work: int) -> None:
+        """A lease's first token: its prompt no longer counts as queued prefill."""
+        self._prefilling -= 1
+        self._prefill_tokens -= tokens
+        self._prefill_work -= work
+        self.pending.pop(lease, None)
+        self._view = None
+
+    def unbook(self) -> None:
+        """A lease released (after ``prefilled``, or with it)."""
+        self._inflight -= 1
+        self._view = None
 
     @property
     def auth_headers(self) -> dict[str, str]:
@@ -124,6 +221,7 @@ class Instance:
         return self.up and not self.draining and self.breaker.allows(now)
 
     def record_scrape(self, sample: EngineSample, now: float) -> None:
+        self._view = None
         self.engine_prev = self.engine
         self.engine = sample
         self.engine_at = now
@@ -145,6 +243,7 @@ class Instance:
         report = parse_load_report(value)
         if report is None:
             return
+        self._view = None
         base = self._engine_stats
         if base is not None and now - self.engine_at > self._stale_after:
             base = None
@@ -199,6 +298,43 @@ class Instance:
             self._bound = speed_bound(self.waiting(now, decode_seconds_per_token), base_latency)
             self._bound_at = now
         return self._bound
+
+    def dispatch_view(
+        self,
+        now: float,
+        stale_after_s: float,
+        *,
+        version: int,
+        params: tuple[float, float, float],
+        uncached_ratio: float,
+        cache: bool,
+    ) -> InstanceView:
+        """``view`` with the speed estimator's ``params`` (lowered by ``speed_bound`` while requests
+        wait here for a first token), kept as ``_view`` until it may have changed (``Fleet.views``
+        reuses it while ``version`` is current and ``_view_ref`` young enough). An open or
+        half-open breaker's verdict moves with time: that view is rebuilt for every dispatch."""
+        speed, base, tpot = params
+        if self.pending:
+            speed = min(speed, self.speed_bound(now, tpot, base))
+        stats = self._engine_stats
+        view = self.view(
+            now,
+            speed,
+            stale_after_s,
+            base_latency=base,
+            tpot=tpot,
+            uncached_ratio=uncached_ratio,
+            cache=cache,
+        )
+        if self.breaker.closed:
+            if stats is None:
+                ref = math.inf  # no stats: nothing to age (a scrape or report drops the view)
+            elif now - self.engine_at <= stale_after_s:
+                ref = self.engine_at  # the scrape's stats until the scrape is stale
+            else:
+                ref = self._stats_at if view.engine is not None else -math.inf  # (-inf: every time)
+            self._view, self._view_ref, self._view_speeds = view, ref, version
+        return view
 
     def view(
         self,
