@@ -2,8 +2,9 @@
 
 Two fleets live through the same random events (dispatches, first tokens, releases, probes, breaker
 verdicts, scrapes, load reports, speed samples, drains, models, reloads, time passing); one keeps
-its instances' views (``Fleet.views``), the other has every view dropped before each dispatch, so
-it builds them as a fresh snapshot would. Their views and their decisions must be equal.
+its instances' views (``Fleet.views``), the other builds every view afresh for each dispatch as a
+snapshot did before views were kept (``reference_views``: ``Instance.view`` per instance, the
+speed bound over ``Instance.waiting``). Their views and their decisions must be equal.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taogate.dispatch.pending import speed_bound
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts
 from taogate.fleet.dispatcher import Dispatcher
-from taogate.fleet.engine import CacheConfig, EngineSample
+from taogate.fleet.engine import CacheConfig, EngineSample, stale_after
 from taogate.fleet.fleet import Fleet, specs_from_settings
+from taogate.fleet.instance import BOUND_TTL
 from taogate.fleet.lease import Lease
 from taogate.instance_settings import InstanceSettings
 from taogate.settings import DispatchSettings, Settings
@@ -46,25 +49,50 @@ def _settings(cap: int, scrape: float, affinity: bool, names: tuple[str, ...] = 
     )
 
 
+def reference_views(fleet: Fleet, settings: Settings, now: float) -> list[InstanceView]:
+    """Every instance's view built afresh, as ``Fleet.views`` did before it kept them."""
+    speeds = fleet.speeds
+    stale = stale_after(settings.dispatch.scrape_interval)
+    out = []
+    for inst in fleet:
+        name = inst.spec.name
+        speed, base, tpot = speeds.params(name)
+        if inst.pending:
+            if now - inst._bound_at >= BOUND_TTL:
+                inst._bound = speed_bound(inst.waiting(now, tpot), base)
+                inst._bound_at = now
+            speed = min(speed, inst._bound)
+        view = inst.view(
+            now,
+            speed,
+            stale,
+            base_latency=base,
+            tpot=tpot,
+            uncached_ratio=speeds.uncached_ratio(name),
+            cache=settings.dispatch.prefix_affinity,
+        )
+        out.append(view)
+    return out
+
+
 class Side:
-    """One fleet and its dispatcher; ``fresh`` drops every view before each read."""
+    """One fleet and its dispatcher; ``fresh``: its views are ``reference_views``."""
 
     def __init__(self, clock: Clock, fresh: bool) -> None:
         self.clock = clock
         self.fresh = fresh
-        s = _settings(4, 1.0, True)
+        self.settings = s = _settings(4, 1.0, True)
         self.speeds = SpeedEstimator(rebuild_every=0.005, clock=clock)
         self.fleet = Fleet(s, self.speeds)
         self.fleet.apply(s, specs_from_settings(s, {}))
+        if fresh:
+            self.fleet.views = lambda now: reference_views(self.fleet, self.settings, now)  # type: ignore[method-assign]
         self.dispatcher = Dispatcher(
             self.fleet, make_policy("least_busy", affinity=True), queue_size=8, queue_timeout=1.0, clock=clock
         )
         self.leases: list[Lease] = []
 
     def views(self) -> list[InstanceView]:
-        if self.fresh:
-            for inst in self.fleet:
-                inst._changed()
         return self.fleet.views(self.clock())
 
     def apply(self, event: tuple[Any, ...]) -> object:
@@ -82,8 +110,6 @@ class Side:
                 stream=x % 3 == 0,
                 max_tokens=None if x % 7 == 0 else 1 + x % 64,
             )
-            if self.fresh:
-                self.views()
             try:
                 got = self.dispatcher.try_acquire(facts)
             except Exception as exc:  # refusals: the same on both sides
@@ -144,7 +170,7 @@ class Side:
             fleet.set_models(inst, {"m": {}} if x % 2 else {"other": {}})
         elif kind == "reload":
             names = NAMES if x % 4 else NAMES[:2]
-            s = _settings(2 + x % 5, (0.5, 1.0, 0.0)[x % 3], x % 2 == 0, names)
+            self.settings = s = _settings(2 + x % 5, (0.5, 1.0, 0.0)[x % 3], x % 2 == 0, names)
             fleet.apply(s, specs_from_settings(s, {}))
         return None
 
@@ -196,7 +222,7 @@ def test_kept_views_equal_fresh_ones(events: list[tuple[tuple[Any, ...], float]]
         if event[0] == "tick":
             continue
         assert kept.apply(event) == fresh.apply(event)
-        assert [_shown(v) for v in kept.fleet.views(clock.now)] == [_shown(v) for v in fresh.views()]
+        assert [_shown(v) for v in kept.views()] == [_shown(v) for v in fresh.views()]
 
 
 def test_a_kept_view_is_a_new_object_after_a_change() -> None:
