@@ -100,3 +100,14 @@ def test_derive_equals_a_median_per_instance(states: dict[str, State]) -> None:
         assert type(exc) is expected
     else:
         assert (got.unit, got.speeds, got.params) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.25, 7.0, 1e-3]), min_size=2, max_size=9),
+    at=st.integers(0, 8),
+)
+def test_median_without_one_is_the_median_of_the_others(values: list[float], at: int) -> None:
+    ordered = sorted(values)
+    i = at % len(ordered)
+    assert _median_without(ordered, i) == statistics.median(ordered[:i] + ordered[i + 1 :])

@@ -48,12 +48,11 @@ def fleet_median(
 
 def _median_without(ordered: list[float], i: int) -> float:
     """Median of the sorted list ``ordered`` with its ``i``-th element left out (needs ≥ 2 elements)."""
-    m = len(ordered) - 1
-
-    def at(j: int) -> float:
-        return ordered[j] if j < i else ordered[j + 1]
-
-    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
+    h = (len(ordered) - 1) // 2  # the middle of the m = len - 1 others (the upper one if m is even)
+    upper = ordered[h] if h < i else ordered[h + 1]
+    if len(ordered) % 2 == 0:  # m odd: one middle
+        return upper
+    return ((ordered[h - 1] if h - 1 < i else ordered[h]) + upper) / 2.0
 
 
 def _dispatch_base(state: State, median: float) -> float:
