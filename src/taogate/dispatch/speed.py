@@ -395,6 +395,15 @@ class SpeedEstimator:
         self._fresh(lag_ok=True)
         return self.version
 
+    def view_params(self, name: str) -> tuple[tuple[float, float, float], float]:
+        """(``params``, ``uncached_ratio``) of one instance in one call, right after ``settled``
+        (which rebuilt what ``params`` reads if it was due)."""
+        params = self._params.get(name)
+        state = self._states.get(name)
+        if params is None or state is None:
+            return self.params(name), self.uncached_ratio(name)
+        return params, state.uncached_ratio
+
     def params(self, name: str) -> tuple[float, float, float]:
         """(speed, base latency, seconds per output token) of one instance: what a dispatch view
         needs, in one lookup; may lag the latest samples by up to ``rebuild_every``."""

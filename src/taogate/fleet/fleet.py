@@ -162,14 +162,9 @@ class Fleet:
                 or now - inst._view_ref > stale
                 or (inst.pending and now - inst._bound_at >= BOUND_TTL)
             ):
-                name = inst.spec.name
+                params, uncached = speeds.view_params(inst.spec.name)
                 view = inst.dispatch_view(
-                    now,
-                    stale,
-                    version=version,
-                    params=speeds.params(name),
-                    uncached_ratio=speeds.uncached_ratio(name),
-                    cache=self.caching,
+                    now, stale, version=version, params=params, uncached_ratio=uncached, cache=self.caching
                 )
             out.append(view)
         return out

@@ -83,11 +83,15 @@ class Instance:
         self._view_speeds = -1
         self.spec = spec  # replaced only through ``Fleet.apply`` (which drops every view)
         self.health = HealthTracker(
-            unhealthy_after=unhealthy_after, healthy_after=healthy_after, on_move=self._changed
+            unhealthy_after=unhealthy_after, healthy_after=healthy_after, on_move=self._health_moved
         )
-        self.breaker = Breaker(failures=breaker_failures, cooldown=breaker_cooldown, on_move=self._changed)
+        self.breaker = Breaker(
+            failures=breaker_failures, cooldown=breaker_cooldown, on_move=self._breaker_moved
+        )
         # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
         self._assume_up = assume_up
+        self._up = assume_up  # ``up``, and the breaker CLOSED: kept by their moves for the view
+        self._closed = True
         self._models: frozenset[str] = frozenset()
         self._draining = False
         self._inflight = 0
@@ -116,6 +120,14 @@ class Instance:
 
     def _changed(self) -> None:
         """Something the dispatch view shows has changed: the next ``Fleet.views`` rebuilds it."""
+        self._view = None
+
+    def _health_moved(self) -> None:
+        self._up = self._assume_up or self.health.state is HealthState.UP
+        self._view = None
+
+    def _breaker_moved(self) -> None:
+        self._closed = self.breaker.closed
         self._view = None
 
     @property
@@ -350,13 +362,8 @@ class Instance:
         else:
             engine = self.engine_stats(now)
             ref = self._stats_at if engine is not None else -math.inf  # (-inf: rebuilt every time)
-        breaker = self.breaker
-        closed = breaker.closed
-        available = (
-            (self._assume_up or self.health.state is HealthState.UP)
-            and not self._draining
-            and (closed or breaker.allows(now))
-        )
+        closed = self._closed
+        available = self._up and not self._draining and (closed or self.breaker.allows(now))
         spec = self.spec
         inflight = self._inflight
         prefilling = self._prefilling
