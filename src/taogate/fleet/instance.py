@@ -1,7 +1,8 @@
 """Live per-instance state: one ``Instance`` per configured vLLM server is the only place it lives.
 
 Health, breaker, our in-flight work (counted by the leases, see ``lease``), the last engine scrape.
-Dispatch never reads it directly: it reads ``Instance.view()``, a snapshot (see dispatch/types.py).
+Dispatch never reads it directly: it reads a snapshot (``InstanceView``, see dispatch/types.py),
+kept between dispatches until something it shows changes (``dispatch_view``; ``view`` builds one).
 """
 
 from __future__ import annotations
