@@ -391,8 +391,10 @@ class SpeedEstimator:
 
     def settled(self) -> int:
         """Rebuild what ``params`` reads if it is due, and return ``version``: while that stays
-        the same, so do ``params`` and ``uncached_ratio`` of every instance."""
-        self._fresh(lag_ok=True)
+        the same, so do ``params`` and ``uncached_ratio`` of every instance (``_fresh`` with
+        ``lag_ok``, written out: it runs for every dispatch)."""
+        if self._stale and (self._rebuild_every <= 0 or self._clock() - self._built >= self._rebuild_every):
+            self._refresh()
         return self.version
 
     def view_params(self, name: str) -> tuple[tuple[float, float, float], float]:

@@ -214,8 +214,13 @@ class Instance:
         self.pending.pop(lease, None)
         self._view = None
 
-    def unbook(self) -> None:
-        """A lease released (after ``prefilled``, or with it)."""
+    def unbook(self, lease: PendingRequest, tokens: int, work: int, prefilled: bool) -> None:
+        """A lease released; ``prefilled`` False: it never had a first token (``prefilled`` too)."""
+        if not prefilled:
+            self._prefilling -= 1
+            self._prefill_tokens -= tokens
+            self._prefill_work -= work
+            self.pending.pop(lease, None)
         self._inflight -= 1
         self._view = None
 

@@ -91,9 +91,7 @@ class Lease:
             return
         self._released = True
         inst = self.instance
-        if not self._first:
-            inst.prefilled(self, self.tokens, self.work)
-        inst.unbook()
+        inst.unbook(self, self.tokens, self.work, self._first)
         if self.trial:
             inst.breaker.release_trial()
         self._on_release(self)
