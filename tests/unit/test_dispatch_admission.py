@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.dispatch.admission import decide, retry_after_seconds
-from taogate.dispatch.policy import LeastBusy, RoundRobin
-from taogate.dispatch.types import InstanceView, Refuse, RequestFacts, Send, Wait
+from taogate.dispatch.policy import LeastBusy, Policy, RoundRobin
+from taogate.dispatch.types import Decision, InstanceView, Refuse, RequestFacts, Send, Wait
 
 
 def req(long: bool = False, model: str | None = "m") -> RequestFacts:
@@ -149,3 +151,50 @@ def test_property_admission_invariants(
             assert not eligible and not any(v.overflow for v in usable)
         else:
             assert model is not None and not any(v.serves(model) for v in views)
+
+
+def _decide_as_filters(
+    req: RequestFacts, views: list[InstanceView], policy: Policy, exclude: frozenset[str]
+) -> Decision:
+    """``decide`` as it was written before its one pass, filter by filter: the reference."""
+    model = req.model
+    if model is not None and any(v.models for v in views) and not any(v.serves(model) for v in views):
+        return Refuse("model_not_found")
+    usable = [v for v in views if v.available and v.serves(model) and v.name not in exclude]
+    own = ("long", "any") if req.long else ("short", "any")
+    primaries = [v for v in usable if not v.overflow]
+    eligible = [v for v in primaries if v.role in own]
+    fallback = False
+    if not eligible and primaries:
+        eligible, fallback = primaries, True
+    room = [v for v in eligible if v.has_room]
+    if room:
+        send = policy.choose(req, room, [v.name for v in eligible])
+        if send is not None:
+            return replace(send, channel_fallback=True) if fallback else send
+    overflow = [v for v in usable if v.overflow]
+    spare = [v for v in overflow if v.has_room]
+    if spare:
+        target = max(spare, key=lambda v: (v.cap - v.inflight, v.name))
+        return Send(target.name, "overflow", channel_fallback=fallback)
+    if eligible or overflow:
+        return Wait()
+    return Refuse("no_instance")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    views=fleets,
+    long=st.booleans(),
+    model=st.sampled_from(["m", "x", "y", None]),
+    exclude=st.frozensets(st.sampled_from([f"i{k}" for k in range(8)]), max_size=3),
+    strategy=st.sampled_from(["least_busy", "affinity", "round_robin"]),
+)
+def test_property_one_pass_decides_as_the_filters_did(
+    *, views: list[InstanceView], long: bool, model: str | None, exclude: frozenset[str], strategy: str
+) -> None:
+    def policy() -> Policy:
+        return RoundRobin() if strategy == "round_robin" else LeastBusy(affinity=strategy == "affinity")
+
+    facts = RequestFacts(model=model, prompt_tokens=5000 if long else 200, long=long)
+    assert decide(facts, views, policy(), exclude) == _decide_as_filters(facts, views, policy(), exclude)

@@ -27,14 +27,34 @@ def decide(
     policy: Policy,
     exclude: Collection[str] = frozenset(),
 ) -> Decision:
-    """Send, Wait or Refuse for ``req`` over the fleet snapshot ``views`` (see the module docstring)."""
-    model = req.model
-    if model is not None and any(v.models for v in views) and not any(v.serves(model) for v in views):
-        return Refuse("model_not_found")
+    """Send, Wait or Refuse for ``req`` over the fleet snapshot ``views`` (see the module docstring).
 
-    usable = [v for v in views if v.available and v.serves(model) and v.name not in exclude]
-    eligible, fallback = _channel(req, usable)
-    room = [v for v in eligible if v.has_room]
+    One pass over the views sorts them as ``candidates`` does (it runs for every request)."""
+    model = req.model
+    own = ("long", "any") if req.long else ("short", "any")
+    listed = served = False  # some instance has listed its models; some serves this one
+    usable: list[InstanceView] = []
+    primaries: list[InstanceView] = []
+    eligible: list[InstanceView] = []
+    for v in views:
+        models = v.models
+        serves = model is None or not models or model in models
+        if models:
+            listed = True
+        if serves:
+            served = True
+            if v.available and v.name not in exclude:
+                usable.append(v)
+                if not v.overflow:
+                    primaries.append(v)
+                    if v.role in own:
+                        eligible.append(v)
+    if model is not None and listed and not served:
+        return Refuse("model_not_found")
+    fallback = not eligible and bool(primaries)
+    if fallback:
+        eligible = primaries
+    room = [v for v in eligible if v.inflight < v.cap]
     if room:
         send = policy.choose(req, room, [v.name for v in eligible])
         if send is not None:

@@ -149,6 +149,16 @@ class PrefixCacheModel:
         self, key: int | None, prefix_tokens: int, prompt_tokens: int, output_tokens: int
     ) -> Ticket:
         """A request sent here: its prefix and the rest now occupy the cache, pinned while it runs."""
+        if key is None:  # most requests: no prefix, only the rest (one flat pass, the same state)
+            rest = -(-(max(0, prompt_tokens - prefix_tokens) + max(0, output_tokens)) // self.block_size)
+            anon = -next(self._anon)
+            entries = self._entries
+            if rest:
+                entries[anon] = _Entry(rest, False, pinned=1, uses=1)
+                self.used += rest
+            if self.used > self.capacity or len(entries) > self.capacity:
+                self._evict()
+            return Ticket(None, anon, 0, 0)
         possible = self.max_hit(prefix_tokens, prompt_tokens) if key is not None else 0
         predicted = possible if key is not None and self.holds(key) else 0
         follow = possible if self.in_flight(key) else 0
@@ -180,6 +190,15 @@ class PrefixCacheModel:
 
     def finished(self, ticket: Ticket) -> None:
         """The request ended: its blocks are freed to the fresh end of the LRU, tail first."""
+        entries = self._entries
+        if ticket.key is None:  # no prefix: its rest alone (one flat pass, the same state)
+            entry = entries.get(ticket.anon)
+            if entry is not None:
+                entry.pinned = max(0, entry.pinned - 1)
+                entries.move_to_end(ticket.anon)
+            if self.used > self.capacity or len(entries) > self.capacity:
+                self._evict()
+            return
         for name in (ticket.anon, ticket.key):
             if name is None:
                 continue

@@ -61,12 +61,17 @@ class _Fit:
         self.n = 0
 
     def predict(self, x: tuple[float, ...]) -> float:
-        return sum(wi * xi for wi, xi in zip(self.w, x, strict=True))
+        w = self.w
+        return sum((w[0] * x[0], w[1] * x[1], w[2] * x[2], w[3] * x[3], w[4] * x[4], w[5] * x[5]))
 
     def update(self, x: tuple[float, ...], y: float) -> None:
+        """One RLS step. Sums are of tuples written out for the six features (a generator per sum
+        cost more than the arithmetic); each adds the same products in the same order as a loop
+        over the features, so the fit is the same float for float (a property test holds it)."""
         p = self.p
-        px = [sum(p[i][j] * x[j] for j in range(_N)) for i in range(_N)]
-        xpx = sum(x[i] * px[i] for i in range(_N))
+        x0, x1, x2, x3, x4, x5 = x
+        px = [sum((r[0] * x0, r[1] * x1, r[2] * x2, r[3] * x3, r[4] * x4, r[5] * x5)) for r in p]
+        xpx = sum((x0 * px[0], x1 * px[1], x2 * px[2], x3 * px[3], x4 * px[4], x5 * px[5]))
         pred = self.predict(x)
         noise = (_REL_NOISE * max(y, pred, 1.0)) ** 2 + _ABS_NOISE**2
         s = xpx + noise
@@ -76,18 +81,22 @@ class _Fit:
         bound = _CLAMP_SIGMAS * math.sqrt(s)
         residual = max(-bound, min(bound, residual))
         gain = [v / s for v in px]
+        w = self.w
         for i in range(_N):
-            self.w[i] = min(_UPPER[i], max(_LOWER[i], self.w[i] + gain[i] * residual))
+            w[i] = min(_UPPER[i], max(_LOWER[i], w[i] + gain[i] * residual))
         for i in range(_N):
+            row, g = p[i], gain[i]
             for j in range(i, _N):  # kept symmetric by construction
-                p[i][j] = p[j][i] = (p[i][j] - gain[i] * px[j]) / _FORGET
-            p[i][i] = max(p[i][i], 1e-12)
+                row[j] = p[j][i] = (row[j] - g * px[j]) / _FORGET
+            row[i] = max(row[i], 1e-12)
         # Forgetting inflates the covariance of directions the traffic never excites; cap it at the
         # prior so an unused coefficient does not become arbitrarily jumpy (scaling D·P·D keeps P PSD).
-        scale = [min(1.0, math.sqrt(self.prior_var[i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(_N)]
+        prior_var = self.prior_var
+        scale = [min(1.0, math.sqrt(prior_var[i] / p[i][i])) if p[i][i] > 0 else 1.0 for i in range(_N)]
         for i in range(_N):
+            row, si = p[i], scale[i]
             for j in range(_N):
-                p[i][j] *= scale[i] * scale[j]
+                row[j] *= si * scale[j]
         self.n += 1
 
 
@@ -110,7 +119,10 @@ class TokenEstimator:
         """Estimated prompt tokens: always a finite integer ≥ 1."""
         fit = self._fits.get(model or "")
         w = fit.w if fit is not None else self._prior
-        value = sum(wi * xi for wi, xi in zip(w, _features(size), strict=True)) + size.tokens
+        x = _features(size)  # the products in feature order, summed as a loop would (``_Fit.update``)
+        value = (
+            sum((w[0] * x[0], w[1] * x[1], w[2] * x[2], w[3] * x[3], w[4] * x[4], w[5] * x[5])) + size.tokens
+        )
         if not math.isfinite(value):
             return 1
         return max(1, round(value))

@@ -138,18 +138,28 @@ class LeastBusy:
         i = costs.index(best)
         widen = 1.0 + self.tie_ratio
         cost_limit, ttft_limit = best * widen, ttfts[i] * widen
-        pairs = enumerate(zip(costs, ttfts, strict=True))
-        tied = [j for j, (c, t) in pairs if c <= cost_limit and t <= ttft_limit]
-        if len(tied) > 1:
-            fewest = min(candidates[j].inflight for j in tied)
-            names = [candidates[j].name for j in tied if candidates[j].inflight == fewest]
+        # One pass: the near-ties, and among them those with the fewest requests in flight.
+        tied = 0
+        fewest = -1
+        names: list[str] = []
+        at: list[int] = []
+        for j, v in enumerate(candidates):
+            if costs[j] <= cost_limit and ttfts[j] <= ttft_limit:
+                tied += 1
+                n = v.inflight
+                if tied == 1 or n < fewest:
+                    fewest, names, at = n, [v.name], [j]
+                elif n == fewest:
+                    names.append(v.name)
+                    at.append(j)
+        if tied > 1:
             if len(names) == 1:
                 name = names[0]
             elif key is not None:
                 name = rendezvous(key, names) or names[0]
             else:
                 name = _next_after(names, self._last)
-            i = next(j for j in tied if candidates[j].name == name)
+            i = at[names.index(name)]
         self._last = candidates[i].name
         return i
 

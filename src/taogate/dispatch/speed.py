@@ -82,6 +82,9 @@ class SpeedEstimator:
         self._rebuild_every = max(0.0, rebuild_every)
         self._clock = clock
         self._built = -math.inf
+        # Bumped whenever what dispatch reads may have changed (``params``, ``uncached_ratio``):
+        # dispatch keeps its views of the instances while it stays put (``settled``).
+        self.version = 0
         for name, weight in (weights or {}).items():
             self.seed(name, weight)
 
@@ -128,6 +131,7 @@ class SpeedEstimator:
         )
         self._base, self._speeds, self._params = derived.unit, derived.speeds, derived.params
         self._stale = False
+        self.version += 1
         if self._rebuild_every > 0:
             self._built = self._clock()
 
@@ -166,9 +170,11 @@ class SpeedEstimator:
         never prefilled, and cache hits must not pass for a fast card."""
         if prompt is not None and prompt > 0:
             ratio = min(1.0, max(0.01, uncached / prompt))
-            state.uncached_ratio += max(0.3, 1.0 / (state.n + state.base_n + 1)) * (
-                ratio - state.uncached_ratio
-            )
+            if ratio != state.uncached_ratio:
+                state.uncached_ratio += max(0.3, 1.0 / (state.n + state.base_n + 1)) * (
+                    ratio - state.uncached_ratio
+                )
+                self.version += 1
         return max(0.0, ahead) * state.uncached_ratio + max(0.0, uncached)
 
     def _sample(self, state: State, own: float, work: float, seconds: float, trust: float) -> float | None:
@@ -332,6 +338,7 @@ class SpeedEstimator:
             ratio = min(1.0, max(0.01, computed_tokens / prompt_tokens))
             step = max(0.3, 1.0 / (state.n + state.base_n + 1))
             state.uncached_ratio += step * (ratio - state.uncached_ratio)
+            self.version += 1
         # The engine timed the prefill itself, from the first step that scheduled it: no HTTP path,
         # no wait for a slot, so the gateway's fixed latency is not in it (subtracting it would
         # make a card look faster by its network path), and a small window says nothing about that
@@ -381,6 +388,23 @@ class SpeedEstimator:
         if params is not None:
             return params[2]
         return fleet_median(self._states, lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
+
+    def settled(self) -> int:
+        """Rebuild what ``params`` reads if it is due, and return ``version``: while that stays
+        the same, so do ``params`` and ``uncached_ratio`` of every instance (``_fresh`` with
+        ``lag_ok``, written out: it runs for every dispatch)."""
+        if self._stale and (self._rebuild_every <= 0 or self._clock() - self._built >= self._rebuild_every):
+            self._refresh()
+        return self.version
+
+    def view_params(self, name: str) -> tuple[tuple[float, float, float], float]:
+        """(``params``, ``uncached_ratio``) of one instance in one call, right after ``settled``
+        (which rebuilt what ``params`` reads if it was due)."""
+        params = self._params.get(name)
+        state = self._states.get(name)
+        if params is None or state is None:
+            return self.params(name), self.uncached_ratio(name)
+        return params, state.uncached_ratio
 
     def params(self, name: str) -> tuple[float, float, float]:
         """(speed, base latency, seconds per output token) of one instance: what a dispatch view

@@ -48,12 +48,11 @@ def fleet_median(
 
 def _median_without(ordered: list[float], i: int) -> float:
     """Median of the sorted list ``ordered`` with its ``i``-th element left out (needs ≥ 2 elements)."""
-    m = len(ordered) - 1
-
-    def at(j: int) -> float:
-        return ordered[j] if j < i else ordered[j + 1]
-
-    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0
+    h = (len(ordered) - 1) // 2  # the middle of the m = len - 1 others (the upper one if m is even)
+    upper = ordered[h] if h < i else ordered[h + 1]
+    if len(ordered) % 2 == 0:  # m odd: one middle
+        return upper
+    return ((ordered[h - 1] if h - 1 < i else ordered[h]) + upper) / 2.0
 
 
 def _dispatch_base(state: State, median: float) -> float:
@@ -62,50 +61,72 @@ def _dispatch_base(state: State, median: float) -> float:
     return min(state.base, median) if state.base_n else median
 
 
-def _unknown_tpot(
-    name: str, states: Mapping[str, State], speeds: Mapping[str, float], median: float
-) -> float:
-    state = states[name]
-    factor = 1.0
-    others = [speeds[n] / st.weight for n, st in states.items() if n != name and st.evidence > 0]
-    if state.evidence > 0 and others:
-        factor = statistics.median(others) / max(speeds[name] / state.weight, 1e-9)
-    bases = [st.base for n, st in states.items() if n != name and st.base_n >= MIN_BASE_SAMPLES]
-    if state.base_n >= MIN_BASE_SAMPLES and state.base > 0 and bases:
-        factor = max(factor, state.base / statistics.median(bases))
-    return median * min(4.0, max(1.0, factor))
+def _median(ordered: list[float]) -> float:
+    """``statistics.median`` of the sorted list ``ordered`` (not empty), float for float."""
+    n = len(ordered)
+    if n % 2:
+        return ordered[n // 2]
+    return (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def _tpots(states: Mapping[str, State], speeds: Mapping[str, float], median: float) -> dict[str, float]:
+    """Each instance's decode pace: its own once it has a sample, else the fleet's ``median``
+    scaled up (at most 4x) by how much slower its speed or its fixed latency is than the others'
+    medians (the module docstring). The others' medians come from one sorted list each, less the
+    instance's own entry (``_median_without``): the same values as sorting the others anew."""
+    rel = {n: speeds[n] / st.weight for n, st in states.items() if st.evidence > 0}
+    rel_sorted = sorted(rel.values())
+    based = {n: st.base for n, st in states.items() if st.base_n >= MIN_BASE_SAMPLES}
+    based_sorted = sorted(based.values())
+    out: dict[str, float] = {}
+    for name, state in states.items():
+        if state.tpot_n > 0:
+            out[name] = state.tpot
+            continue
+        factor = 1.0
+        own = rel.get(name)
+        if own is not None and len(rel_sorted) > 1:
+            others = _median_without(rel_sorted, rel_sorted.index(own))
+            factor = others / max(speeds[name] / state.weight, 1e-9)
+        n_others = len(based_sorted) - (1 if name in based else 0)
+        if state.base_n >= MIN_BASE_SAMPLES and state.base > 0 and n_others > 0:
+            factor = max(factor, state.base / _median_without(based_sorted, based_sorted.index(state.base)))
+        out[name] = median * min(4.0, max(1.0, factor))
+    return out
 
 
 def derive(
     states: Mapping[str, State], *, nominal: float, fast_cap: float, base_prior: float, tpot_prior: float
 ) -> Derived:
-    """Every instance's dispatch parameters, as the module docstring says."""
+    """Every instance's dispatch parameters, as the module docstring says. It runs after every
+    change (at most every few milliseconds), so each median is of one sorted list; a property
+    test holds it equal, float for float, to the formulation with a median per instance."""
     bases = {n: st.base for n, st in states.items() if st.base_n >= MIN_BASE_SAMPLES and st.base > 0}
     learned = sorted(
         (math.exp(st.log_speed) / st.weight, name) for name, st in states.items() if st.evidence > 0
     )
     values = [v for v, _ in learned]
-    unit = statistics.median(values) if values else nominal
+    unit = _median(values) if values else nominal
     speeds = {name: st.weight * unit for name, st in states.items()}
     for i, (value, name) in enumerate(learned):
         state = states[name]
         capped = len(values) > 1 and state.guessed and not state.engine
         cap = fast_cap * _median_without(values, i) if capped else math.inf
         speeds[name] = state.weight * min(value, cap)
-    for name, st in states.items():
-        own = bases.get(name)
-        others = [b for n, b in bases.items() if n != name]
-        if st.evidence < 1.0 and own is not None and others:
-            factor = min(1.0, max(0.25, statistics.median(others) / own))
-            speeds[name] *= factor ** (1.0 - st.evidence)
-    base_median = fleet_median(states, lambda st: st.base if st.base_n > 0 else None, base_prior)
-    tpot_median = fleet_median(states, lambda st: st.tpot if st.tpot_n > 0 else None, tpot_prior)
+    if len(bases) > 1:
+        bases_sorted = sorted(bases.values())
+        for name, st in states.items():
+            own = bases.get(name)
+            if st.evidence < 1.0 and own is not None:
+                others = _median_without(bases_sorted, bases_sorted.index(own))
+                factor = min(1.0, max(0.25, others / own))
+                speeds[name] *= factor ** (1.0 - st.evidence)
+    known_bases = sorted(st.base for st in states.values() if st.base_n > 0)
+    base_median = _median(known_bases) if known_bases else base_prior
+    known_tpots = sorted(st.tpot for st in states.values() if st.tpot_n > 0)
+    tpot_median = _median(known_tpots) if known_tpots else tpot_prior
+    tpots = _tpots(states, speeds, tpot_median)
     params = {
-        name: (
-            speeds[name],
-            _dispatch_base(st, base_median),
-            st.tpot if st.tpot_n > 0 else _unknown_tpot(name, states, speeds, tpot_median),
-        )
-        for name, st in states.items()
+        name: (speeds[name], _dispatch_base(st, base_median), tpots[name]) for name, st in states.items()
     }
     return Derived(unit, speeds, params)

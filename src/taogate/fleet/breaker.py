@@ -14,6 +14,7 @@ stragglers: benchmarks/README.md, "Design notes moved from the code".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -42,6 +43,7 @@ class Breaker:
         "_cooldown",
         "_failures",
         "_max_cooldown",
+        "_on_move",
         "_opened_at",
         "_state",
         "_streak",
@@ -53,12 +55,16 @@ class Breaker:
         failures: int,
         cooldown: float,
         max_cooldown: float | None = None,
+        *,
+        on_move: Callable[[], None] | None = None,
     ) -> None:
         """``max_cooldown``: each failed trial doubles the cooldown up to this (``None``: no growth).
 
         Growth keeps a persistently broken instance from getting a (slow, failing) trial request
         every ``cooldown`` seconds forever; the cap bounds how long a recovered instance sits idle.
+        ``on_move`` is called after each change of state (its instance's dispatch view shows it).
         """
+        self._on_move = on_move
         self._state = BreakerState.CLOSED
         self._opened_at = 0.0
         self._streak = 0  # consecutive failures while CLOSED
@@ -87,6 +93,11 @@ class Breaker:
         if self._state is BreakerState.OPEN and now >= self._opened_at + self._cooldown:
             return BreakerState.HALF_OPEN
         return self._state
+
+    @property
+    def closed(self) -> bool:
+        """CLOSED: every request is let through, whatever the time."""
+        return self._state is BreakerState.CLOSED
 
     def allows(self, now: float) -> bool:
         """Would a request be let through now? Claims nothing."""
@@ -170,4 +181,6 @@ class Breaker:
     def _move(self, to: BreakerState, now: float) -> BreakerTransition:
         transition = BreakerTransition(self._state, to, now, self._cooldown)
         self._state = to
+        if self._on_move is not None:
+            self._on_move()
         return transition

@@ -53,8 +53,13 @@ class DrainRate:
     _stamps: deque[float] = field(default_factory=deque)
 
     def tick(self, now: float) -> None:
-        self._stamps.append(now)
-        self._trim(now)
+        stamps = self._stamps
+        stamps.append(now)
+        cutoff = now - self.window  # ``_trim``, inline: once per completion
+        while stamps and stamps[0] < cutoff:
+            stamps.popleft()
+        while len(stamps) > 100_000:
+            stamps.popleft()
 
     def rate(self, now: float) -> float:
         self._trim(now)

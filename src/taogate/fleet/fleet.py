@@ -16,7 +16,7 @@ from taogate.dispatch.slow import slow_instances
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView
 from taogate.fleet.engine import stale_after
-from taogate.fleet.instance import Instance, InstanceSpec
+from taogate.fleet.instance import BOUND_TTL, Instance, InstanceSpec
 from taogate.instance_settings import InstanceSettings
 from taogate.settings import ConfigError, Settings
 
@@ -63,13 +63,11 @@ class Fleet:
         self._retired: list[Instance] = []  # removed by reload, still finishing their leases
         self.speeds = speeds
         self._settings = settings
+        # What a config says for every view (read per dispatch, so kept as plain attributes).
+        self.caching = settings.dispatch.prefix_affinity  # instances' caches are modelled and shown
+        self._stale = stale_after(settings.dispatch.scrape_interval)  # engine stats' trusted age
         self.slow: frozenset[str] = frozenset()  # flagged by the slow-instance detector
         self.models: frozenset[str] = frozenset()  # served by some instance (bounds metric labels)
-
-    @property
-    def caching(self) -> bool:
-        """Prefix affinity is on: instances' caches are modelled and shown to dispatch."""
-        return self._settings.dispatch.prefix_affinity
 
     @property
     def health_interval(self) -> float:
@@ -102,6 +100,8 @@ class Fleet:
     def apply(self, settings: Settings, specs: list[InstanceSpec]) -> tuple[list[str], list[str], list[str]]:
         """Install a new instance list; returns (added, removed, changed) names."""
         self._settings = settings
+        self.caching = settings.dispatch.prefix_affinity
+        self._stale = stale_after(settings.dispatch.scrape_interval)
         added: list[str] = []
         changed: list[str] = []
         new: dict[str, Instance] = {}
@@ -130,6 +130,8 @@ class Fleet:
                 self._retired.append(inst)
             self.speeds.forget(name)
         self._instances = new
+        for inst in new.values():  # the config's rules, the spec: each view is rebuilt
+            inst._changed()
         self._refresh_models()
         self._retired = [i for i in self._retired if i.inflight > 0]
         return added, removed, changed
@@ -142,21 +144,28 @@ class Fleet:
         work before its slow samples complete. Each view also carries the share of its prompt tokens
         the instance's prefix cache recently left to prefill, which ``dispatch.load`` applies to the
         work booked there.
+
+        An instance's view is rebuilt only when it may have changed (``Instance.dispatch_view``):
+        a write to what it shows, the speed estimator's ``version``, its engine stats' age, its
+        speed bound's TTL while requests wait there. A property test holds the kept views equal
+        to fresh ones.
         """
         speeds = self.speeds
-        params = speeds.params
-        uncached = speeds.uncached_ratio
-        stale = stale_after(self._settings.dispatch.scrape_interval)
-        cache = self.caching
+        version = speeds.settled()
+        stale = self._stale
         out = []
         for inst in self._instances.values():
-            name = inst.spec.name
-            speed, base, tpot = params(name)
-            if inst.pending:
-                speed = min(speed, inst.speed_bound(now, tpot, base))
-            view = inst.view(
-                now, speed, stale, base_latency=base, tpot=tpot, uncached_ratio=uncached(name), cache=cache
-            )
+            view = inst._view
+            if (
+                view is None
+                or inst._view_speeds != version
+                or now - inst._view_ref > stale
+                or (inst.pending and now - inst._bound_at >= BOUND_TTL)
+            ):
+                params, uncached = speeds.view_params(inst.spec.name)
+                view = inst.dispatch_view(
+                    now, stale, version=version, params=params, uncached_ratio=uncached, cache=self.caching
+                )
             out.append(view)
         return out
 

@@ -14,6 +14,7 @@ returns a ``Transition`` only when the state changes, so each is logged once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -51,9 +52,18 @@ def probe_result(result: int | BaseException) -> bool:
 class HealthTracker:
     """Counts consecutive probe results and turns them into UP/DOWN with hysteresis."""
 
-    __slots__ = ("_bad", "_good", "_since", "_state", "healthy_after", "unhealthy_after")
+    __slots__ = ("_bad", "_good", "_on_move", "_since", "_state", "healthy_after", "unhealthy_after")
 
-    def __init__(self, unhealthy_after: int, healthy_after: int, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        unhealthy_after: int,
+        healthy_after: int,
+        now: float = 0.0,
+        *,
+        on_move: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_move`` is called after each change of state (its instance's dispatch view shows it)."""
+        self._on_move = on_move
         self.unhealthy_after = self.healthy_after = 1
         self.reconfigure(unhealthy_after, healthy_after)
         self._state = HealthState.UNKNOWN
@@ -109,4 +119,6 @@ class HealthTracker:
         transition = Transition(self._state, to, now, streak, self._since)
         self._state = to
         self._since = now
+        if self._on_move is not None:
+            self._on_move()
         return transition

@@ -1,7 +1,8 @@
 """Live per-instance state: one ``Instance`` per configured vLLM server is the only place it lives.
 
 Health, breaker, our in-flight work (counted by the leases, see ``lease``), the last engine scrape.
-Dispatch never reads it directly: it reads ``Instance.view()``, a snapshot (see dispatch/types.py).
+Dispatch never reads it directly: it reads a snapshot (``InstanceView``, see dispatch/types.py),
+kept between dispatches until something it shows changes (``dispatch_view``; ``view`` builds one).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from taogate.dispatch.pending import Pending, speed_bound
+from taogate.dispatch.pending import Pending
 from taogate.dispatch.types import EngineStats, InstanceView, Role
 from taogate.fleet.breaker import Breaker
 from taogate.fleet.cache_state import InstanceCache
@@ -74,17 +75,30 @@ class Instance:
         breaker_cooldown: float,
         assume_up: bool = False,
     ) -> None:
-        self.spec = spec
-        self.health = HealthTracker(unhealthy_after=unhealthy_after, healthy_after=healthy_after)
-        self.breaker = Breaker(failures=breaker_failures, cooldown=breaker_cooldown)
+        # The view dispatch last saw (``Fleet.views``), kept while nothing it shows has changed:
+        # every write below that it shows drops it (``_changed``), and ``Fleet.views`` rebuilds it
+        # when time alone moves it (``_view_ref``: the engine stats' age; the speed bound's TTL)
+        # or the speed estimator has moved on (``_view_speeds``: its version).
+        self._view: InstanceView | None = None
+        self._view_ref = math.inf
+        self._view_speeds = -1
+        self.spec = spec  # replaced only through ``Fleet.apply`` (which drops every view)
+        self.health = HealthTracker(
+            unhealthy_after=unhealthy_after, healthy_after=healthy_after, on_move=self._health_moved
+        )
+        self.breaker = Breaker(
+            failures=breaker_failures, cooldown=breaker_cooldown, on_move=self._breaker_moved
+        )
         # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
         self._assume_up = assume_up
-        self.models: frozenset[str] = frozenset()
-        self.draining = False
-        self.inflight = 0
-        self.prefilling = 0
-        self.prefill_tokens = 0
-        self.prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
+        self._up = assume_up  # ``up``, and the breaker CLOSED: kept by their moves for the view
+        self._closed = True
+        self._models: frozenset[str] = frozenset()
+        self._draining = False
+        self._inflight = 0
+        self._prefilling = 0
+        self._prefill_tokens = 0
+        self._prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
         self.cache = InstanceCache()  # its prefix cache: modelled, and indexed from KV events if any
         self.pending: dict[PendingRequest, None] = {}  # leases without a first token, oldest first
         self.engine: EngineSample | None = None
@@ -105,9 +119,110 @@ class Instance:
         self._bound = math.inf  # speed_bound over ``pending``, as of ``_bound_at``
         self._bound_at = -math.inf
 
+    def _changed(self) -> None:
+        """Something the dispatch view shows has changed: the next ``Fleet.views`` rebuilds it."""
+        self._view = None
+
+    def _health_moved(self) -> None:
+        self._up = self._assume_up or self.health.state is HealthState.UP
+        self._view = None
+
+    def _breaker_moved(self) -> None:
+        self._closed = self.breaker.closed
+        self._view = None
+
     @property
     def name(self) -> str:
         return self.spec.name
+
+    # -- what the view shows, each write dropping it -----------------------------------------------
+    @property
+    def models(self) -> frozenset[str]:
+        return self._models
+
+    @models.setter
+    def models(self, value: frozenset[str]) -> None:
+        self._models = value
+        self._view = None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        self._view = None
+
+    @property
+    def inflight(self) -> int:
+        """Our requests sent here and not finished (the leases held)."""
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._inflight = value
+        self._view = None
+
+    @property
+    def prefilling(self) -> int:
+        """Those of them with no first token yet."""
+        return self._prefilling
+
+    @prefilling.setter
+    def prefilling(self, value: int) -> None:
+        self._prefilling = value
+        self._view = None
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Their prompt tokens (the leases' ``tokens``)."""
+        return self._prefill_tokens
+
+    @prefill_tokens.setter
+    def prefill_tokens(self, value: int) -> None:
+        self._prefill_tokens = value
+        self._view = None
+
+    @property
+    def prefill_work(self) -> int:
+        """Their expected uncached prefill (the leases' ``work``)."""
+        return self._prefill_work
+
+    @prefill_work.setter
+    def prefill_work(self, value: int) -> None:
+        self._prefill_work = value
+        self._view = None
+
+    # -- leases (``lease.Lease``): one write each, not one per counter ---------------------------
+    def book(self, lease: PendingRequest, tokens: int, work: int) -> int:
+        """A lease taken here; returns our prefill tokens queued ahead of it."""
+        ahead = self._prefill_tokens
+        self._inflight += 1
+        self._prefilling += 1
+        self._prefill_tokens = ahead + tokens
+        self._prefill_work += work
+        self.pending[lease] = None
+        self._view = None
+        return ahead
+
+    def prefilled(self, lease: PendingRequest, tokens: int, work: int) -> None:
+        """A lease's first token: its prompt no longer counts as queued prefill."""
+        self._prefilling -= 1
+        self._prefill_tokens -= tokens
+        self._prefill_work -= work
+        self.pending.pop(lease, None)
+        self._view = None
+
+    def unbook(self, lease: PendingRequest, tokens: int, work: int, prefilled: bool) -> None:
+        """A lease released; ``prefilled`` False: it never had a first token (``prefilled`` too)."""
+        if not prefilled:
+            self._prefilling -= 1
+            self._prefill_tokens -= tokens
+            self._prefill_work -= work
+            self.pending.pop(lease, None)
+        self._inflight -= 1
+        self._view = None
 
     @property
     def auth_headers(self) -> dict[str, str]:
@@ -124,6 +239,7 @@ class Instance:
         return self.up and not self.draining and self.breaker.allows(now)
 
     def record_scrape(self, sample: EngineSample, now: float) -> None:
+        self._view = None
         self.engine_prev = self.engine
         self.engine = sample
         self.engine_at = now
@@ -145,6 +261,7 @@ class Instance:
         report = parse_load_report(value)
         if report is None:
             return
+        self._view = None
         base = self._engine_stats
         if base is not None and now - self.engine_at > self._stale_after:
             base = None
@@ -196,9 +313,90 @@ class Instance:
         seconds: it walks every pending lease, and at high rates many decisions fall within one
         millisecond (a bound a few milliseconds old is as good)."""
         if now - self._bound_at >= BOUND_TTL:
-            self._bound = speed_bound(self.waiting(now, decode_seconds_per_token), base_latency)
+            self._bound = self._pending_bound(now, decode_seconds_per_token, base_latency)
             self._bound_at = now
         return self._bound
+
+    def _pending_bound(self, now: float, decode_seconds_per_token: float, base_latency: float) -> float:
+        """``speed_bound(self.waiting(now, ...), base_latency)`` in one flat pass, float for float
+        (a property test holds the two equal): it runs per instance at every TTL under load."""
+        bound = math.inf
+        for lease in self.pending:
+            if lease.stream:
+                allowance = 0.0
+            elif lease.max_tokens is not None:
+                allowance = lease.max_tokens * decode_seconds_per_token
+            else:
+                continue
+            seconds = now - lease.sent_at - base_latency - allowance
+            work = lease.ahead_tokens + lease.tokens
+            if seconds > 0 and work > 0:
+                one = work / seconds
+                if one < bound:  # noqa: PLR1730 (min() is a call: this runs per pending request)
+                    bound = one
+        return bound
+
+    def dispatch_view(
+        self,
+        now: float,
+        stale_after_s: float,
+        *,
+        version: int,
+        params: tuple[float, float, float],
+        uncached_ratio: float,
+        cache: bool,
+    ) -> InstanceView:
+        """``view`` with the speed estimator's ``params`` (lowered by ``speed_bound`` while requests
+        wait here for a first token), kept as ``_view`` until it may have changed (``Fleet.views``
+        reuses it while ``version`` is current and ``_view_ref`` young enough). An open or
+        half-open breaker's verdict moves with time: that view is rebuilt for every dispatch.
+        The same as ``view``, in one flat pass (a property test holds the two equal)."""
+        speed, base, tpot = params
+        if self.pending:
+            if now - self._bound_at >= BOUND_TTL:
+                self._bound = self._pending_bound(now, tpot, base)
+                self._bound_at = now
+            bound = self._bound
+            if bound < speed:  # noqa: PLR1730 (as min(speed, bound), without the call)
+                speed = bound
+        self._stale_after = stale_after_s
+        engine = stats = self._engine_stats
+        if stats is None:
+            ref = math.inf  # no stats: nothing to age (a scrape or a report drops the view)
+        elif now - self.engine_at <= stale_after_s:
+            ref = self.engine_at  # the scrape's stats, until the scrape is stale
+        else:
+            engine = self.engine_stats(now)
+            ref = self._stats_at if engine is not None else -math.inf  # (-inf: rebuilt every time)
+        closed = self._closed
+        available = self._up and not self._draining and (closed or self.breaker.allows(now))
+        spec = self.spec
+        inflight = self._inflight
+        prefilling = self._prefilling
+        icache = self.cache
+        shown = cache and icache.caching
+        view = InstanceView(
+            spec.name,
+            spec.role,
+            self._models,
+            available,
+            inflight,
+            spec.cap,
+            self._prefill_tokens,
+            inflight - prefilling,
+            prefilling,
+            speed,
+            base,
+            tpot,
+            uncached_ratio,
+            engine,
+            spec.overflow,
+            icache if shown else None,
+            self._prefill_work if shown else None,
+        )
+        if closed:
+            self._view, self._view_ref, self._view_speeds = view, ref, version
+        return view
 
     def view(
         self,

@@ -65,18 +65,13 @@ class Lease:
         self.cached: int | None = None  # prompt tokens the engine served from its cache (its usage)
         self.receipt: str | None = None  # why it was sent here (``dispatch.receipt``), when asked
         self.trial = trial  # this attempt is the breaker's half-open trial
-        self.ahead_tokens = instance.prefill_tokens  # our prefill work queued ahead at dispatch
         self.sent_at = sent_at
         self.stream = stream
         self.max_tokens = max_tokens
         self._on_release = on_release
         self._first = False
         self._released = False
-        instance.inflight += 1
-        instance.prefilling += 1
-        instance.prefill_tokens += tokens
-        instance.prefill_work += self.work
-        instance.pending[self] = None
+        self.ahead_tokens = instance.book(self, tokens, self.work)  # our prefill queued ahead of it
 
     @property
     def released(self) -> bool:
@@ -87,10 +82,7 @@ class Lease:
         if self._first or self._released:
             return
         self._first = True
-        self.instance.prefilling -= 1
-        self.instance.prefill_tokens -= self.tokens
-        self.instance.prefill_work -= self.work
-        self.instance.pending.pop(self, None)
+        self.instance.prefilled(self, self.tokens, self.work)
         if self.ticket is not None:  # the engine has computed its prefix: later requests may hit it
             self.instance.cache.computed(self.ticket)
 
@@ -99,12 +91,7 @@ class Lease:
             return
         self._released = True
         inst = self.instance
-        if not self._first:
-            inst.prefilling -= 1
-            inst.prefill_tokens -= self.tokens
-            inst.prefill_work -= self.work
-            inst.pending.pop(self, None)
-        inst.inflight -= 1
+        inst.unbook(self, self.tokens, self.work, self._first)
         if self.trial:
             inst.breaker.release_trial()
         self._on_release(self)
