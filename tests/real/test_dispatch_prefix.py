@@ -4,12 +4,13 @@ prompts, and closed-loop clients that start together (one wave), each sending it
 its last one ends (the second wave). The default and least_requests each run it through a gateway
 of their own, on prompts no earlier row sent (cold caches), their turns alternating.
 
-Noise-robust assertion: in no wave does the slow card take more than its share of the fleet's
+Noise-robust assertions: in no wave does the slow card take more than its share of the fleet's
 batch slots (plus one: the cap's slack), which a herd onto a card that has not computed a prefix
-yet breaks. Each row's hit rate (the servers' own counters) and p99 are reported beside
-least_requests', not asserted: on this cell (a card ~5x slower, a cache holding two of the four
-prompts) the default keeps waves on the fast card and has trailed least_requests' hit rate
-(benchmarks/README.md, "In-flight followers start from what vLLM does").
+yet breaks; and the default's prefix-cache hit rate (the servers' own counters) is at least
+least_requests', less ``HIT_NOISE`` (two runs of the same rows differ by that much), unless its p99
+is no worse: with a card ~5x slower and a cache holding two of the four prompts, keeping a wave on
+the fast card trades hits that the slow card's cache would have given for latency. (A full KV
+cache once priced as an 11x slower prefill sent the second wave to the slow card, losing both.)
 It also holds the emulator to what vLLM does with a follower: a request that shares a leader's
 prefix and arrives with it, or queues behind it, hits the blocks the leader is computing.
 """
@@ -47,6 +48,7 @@ WAVES = 2
 SLOTS = 4  # --max-num-seqs per server
 MAX_LEN = 1024
 BLOCKS = 14  # 13 usable blocks of 128 tokens: about two of the four prompts, plus what runs
+HIT_NOISE = 0.05  # hit rates of two runs of the same row on this tier differ by up to this much
 ROWS: tuple[tuple[str, dict[str, object]], ...] = (
     ("least_requests", {"strategy": "least_requests", "prefix_affinity": False}),
     ("default", {}),
@@ -145,7 +147,7 @@ async def _row(servers: Sequence[VllmServer], label: str, dispatch: dict[str, ob
     return Row(label, hit / queried if queried else 0.0, p99, waves)
 
 
-async def test_no_wave_herds_onto_the_slow_card_and_the_hit_rates_are_reported(
+async def test_the_default_hits_at_least_as_often_and_never_herds_onto_the_slow_card(
     tight_pair: list[VllmServer], report: Say
 ) -> None:
     for server in tight_pair:
@@ -158,6 +160,8 @@ async def test_no_wave_herds_onto_the_slow_card_and_the_hit_rates_are_reported(
     bound = math.ceil(CLIENTS / len(tight_pair)) + 1  # its share of the slots, plus the cap's slack
     for w, wave in enumerate(by["default"].waves):
         assert wave["slow"] <= bound, (w, wave)
+    default, least = by["default"], by["least_requests"]
+    assert default.hit >= least.hit - HIT_NOISE or default.p99 <= least.p99, rows
 
 
 def _emulated_follower_hit(gap_steps: int, max_num_seqs: int) -> int:

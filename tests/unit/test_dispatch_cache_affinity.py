@@ -256,3 +256,41 @@ def test_a_follower_joins_its_leader_at_full_cost_while_the_queues_are_comparabl
     leader = sim.send(lb, req(3, 3040, 3000))
     follower = sim.send(lb, req(3, 3040, 3000))
     assert follower == leader and sim.work[leader] == 20_000 + 2 * 3040
+
+
+def test_a_wave_of_more_prompts_than_a_tight_cache_holds_puts_whole_prompts_on_the_slow_card() -> None:
+    """The real tier's prefix cell: a card 5x faster, caches of 13 blocks of 128 (two ~600-token
+    prompts beside their questions), a wave of 8 over 4 prompts. Once the fast card's running
+    requests fill its cache, a new prompt's blocks fit nowhere there: it goes to the slow card with
+    its follower, rather than thrashing the fast card's cache; the slow card takes no more than
+    its share of the wave."""
+    names = ["fast", "slow"]
+    speeds = {"fast": 5_000.0, "slow": 1_000.0}
+    models = {n: PrefixCacheModel(13, 128) for n in names}
+    inflight: Counter[str] = Counter()
+    work: Counter[str] = Counter()
+    lb = LeastBusy(affinity=True)
+    placed: dict[int, set[str]] = {}
+    for key in (3, 1, 0, 1, 1, 2, 0, 2):
+        views = [
+            InstanceView(
+                n,
+                inflight=inflight[n],
+                speed=speeds[n],
+                base_latency=0.03,
+                decode_seconds_per_token=0.005,
+                cache=ModelView(models[n]),
+                prefill_work=work[n],
+            )
+            for n in names
+        ]
+        choice = lb.choose(
+            RequestFacts("m", 610, long=False, prefix_key=key, prefix_tokens=595, max_tokens=4), views
+        )
+        assert choice is not None and choice.work is not None
+        inflight[choice.instance] += 1
+        work[choice.instance] += choice.work
+        models[choice.instance].dispatched(key, 595, 610, 4)
+        placed.setdefault(key, set()).add(choice.instance)
+    assert 1 <= inflight["slow"] <= 4
+    assert all(len(where) == 1 for where in placed.values())  # no prompt copied to both caches

@@ -192,3 +192,16 @@ def test_property_an_engine_that_misses_in_flight_followers_never_prices_them_as
         for k in range(5):
             if not model.holds(k):
                 assert model.expected_hit(k, 2000, 2040) == 0.0 == model.pinned_hit(k, 2000, 2040)
+
+
+def test_what_fits_nowhere_beside_the_running_requests_costs_as_much_as_it_overflows() -> None:
+    """A cache of 13 blocks of 128: two running ~600-token prompts fill it; a third prompt fits
+    only once one of them ends (vLLM never evicts a running request's blocks), so its blocks that
+    fit nowhere count, as evicting a reused prefix does."""
+    model = PrefixCacheModel(capacity_blocks=13, block_size=128)
+    model.dispatched(1, 595, 610, 4)  # 5 prefix blocks and 1 for the rest: 6
+    assert model.eviction_cost(614) == 0.0  # 6 + 5 of 13: fits
+    model.dispatched(2, 595, 610, 4)
+    assert model.eviction_cost(614) == 4 * 128  # 12 + 5 of 13, nothing unpinned to evict
+    model.finished(model.dispatched(3, 100, 120, 4))  # ended: its one block is evictable
+    assert model.eviction_cost(614) == 4 * 128  # still 4 blocks short beside the running two

@@ -9,12 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.dispatch.load import (
+    DEFAULT_LOAD,
     LoadModel,
     batch_factor,
     decode_seconds,
     estimate,
     expected_latency,
     expected_ttft,
+    kv_wait,
     queued_tokens,
     slowdown,
 )
@@ -63,10 +65,20 @@ def test_decode_term_is_modest_and_kv_pressure_is_not() -> None:
         InstanceView("a", engine=EngineStats(waiting=0, running=64), decoding=10)
     )
     assert slowdown(idle) == 1.0
-    assert slowdown(InstanceView("a", engine=EngineStats(0, 0, kv_usage=0.85))) == 1.0
-    near_full = slowdown(InstanceView("a", engine=EngineStats(0, 0, kv_usage=0.97)))
-    full = slowdown(InstanceView("a", engine=EngineStats(0, 0, kv_usage=1.0)))
-    assert 3.0 < near_full < full == pytest.approx(11.0)
+
+    def at(kv: float, work: int = 0) -> InstanceView:
+        engine = EngineStats(0, 0, kv_usage=kv)
+        return InstanceView(
+            "a", speed=10_000.0, decode_seconds_per_token=0.01, engine=engine, prefill_work=work
+        )
+
+    assert kv_wait(at(0.85)) == 0.0
+    one = DEFAULT_LOAD.typical_prompt_tokens / 10_000.0 + DEFAULT_LOAD.decode_horizon * 0.01
+    near_full, full = kv_wait(at(0.97)), kv_wait(at(1.0))
+    assert 0.4 * one < near_full < full == pytest.approx(one)  # a running request's decode and a re-prefill
+    # A wait of one request, whatever the queue: not a multiple of the work queued there.
+    queued = expected_ttft(at(1.0, 40_000), 4_000) - expected_ttft(at(0.5, 40_000), 4_000)
+    assert queued == pytest.approx(one)
 
 
 def test_own_prefilling_defaults_to_inflight_minus_decoding() -> None:

@@ -9,7 +9,8 @@ carried it here, or an answer's ``cached_tokens``): a key only *sent* here price
 their whole prompt once such followers' own ``cached_tokens`` have shown that they miss here
 (``follow``); before that they are priced as hits, as vLLM charges them (it caches blocks as it
 schedules them, measured on real vLLM). Hits are scaled by ``trust``: how much of what the model
-predicted the engine really hit. ``eviction_cost`` is what a miss would push out of a full cache.
+predicted the engine really hit. ``eviction_cost`` is what a miss would push out of a full cache,
+and what of it fits nowhere beside the running requests' blocks.
 Each rule's reasoning: benchmarks/README.md, "Design notes moved from the code".
 """
 
@@ -129,7 +130,10 @@ class PrefixCacheModel:
         return entry.pinned if entry is not None and entry.reusable else 0
 
     def eviction_cost(self, tokens: int) -> float:
-        """Reused prefix tokens that ``tokens`` more tokens would evict (oldest first), times trust."""
+        """Tokens that ``tokens`` more tokens cost the cache: reused prefix tokens they would evict
+        (oldest first, times trust), plus those that fit nowhere beside our running requests' blocks
+        (vLLM never evicts those: the request waits for running ones to end, or one is preempted
+        and prefilled again)."""
         need = self.used + self._blocks(tokens) - self.capacity
         if need <= 0:
             return 0.0
@@ -142,7 +146,7 @@ class PrefixCacheModel:
             need -= entry.blocks
             if entry.reusable and entry.uses > 1:
                 lost += entry.blocks
-        return lost * self.block_size * self.trust
+        return lost * self.block_size * self.trust + max(0, need) * self.block_size
 
     # -- writes: what the gateway tells it ----------------------------------------------------
     def dispatched(

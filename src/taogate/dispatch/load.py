@@ -3,12 +3,14 @@
 Least busy means least *work*: a 4,096-token prefill is not a 50-token one, and a slow instance drains
 the same work more slowly. For a request costing ``P`` prefill tokens on instance ``i``::
 
-    ttft_i = base_i + (queued_i + P) * slow_i / speed_i
+    ttft_i = base_i + (queued_i + P) * slow_i / speed_i + kv_i
     end_i  = ttft_i + min(max_tokens, decode_horizon) * tpot_i * batch_i
 
 ``queued_i`` is our own booked prefill there plus what the engine reports queued by others;
-``slow_i`` grows with the decodes sharing each step and with a nearly full KV cache; ``batch_i``
-spreads a burst of cache hits or tiny prompts evenly. ``estimate`` computes it all in one flat pass
+``slow_i`` grows with the decodes sharing each step; ``kv_i`` is the wait a nearly full KV cache
+adds (a running request must free blocks, or one is preempted and prefilled again: a wait of about
+one request, not a slower prefill of the whole queue); ``batch_i`` spreads a burst of cache hits or
+tiny prompts evenly. ``estimate`` computes it all in one flat pass
 (it runs for every candidate of every request); the small functions below spell the formula out
 term by term, and a property test holds the two equal. Each term's reasons and measurements:
 benchmarks/README.md, "Design notes moved from the code".
@@ -29,6 +31,7 @@ __all__ = [
     "expected_latency",
     "expected_prefill",
     "expected_ttft",
+    "kv_wait",
     "queued_tokens",
     "slowdown",
 ]
@@ -41,8 +44,8 @@ class LoadModel:
     typical_prompt_tokens: float = 1024.0  # assumed size of each foreign waiting request
     step_tokens: float = 2048.0  # engine tokens per step (vLLM max_num_batched_tokens)
     decode_weight: float = 1.0  # prefill tokens displaced per running sequence per step
-    kv_threshold: float = 0.9  # KV-cache usage above which preemption looms
-    kv_penalty: float = 10.0  # extra slowdown factor at 100 % KV usage
+    kv_threshold: float = 0.9  # KV-cache usage above which a new request waits for blocks
+    kv_penalty: float = 1.0  # requests' worth of wait at 100 % KV usage (a decode and a re-prefill)
     decode_horizon: int = 16  # output tokens counted in expected_latency (0: TTFT only)
     decode_batch_ref: float = 32.0  # sequences sharing the steps that double a step's time (0: off)
 
@@ -83,17 +86,22 @@ def estimate(
             n = engine.running + engine.waiting
     # slowdown
     factor = 1.0 + model.decode_weight * running / model.step_tokens
-    if kv is not None and kv > model.kv_threshold:
-        over = (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold)
-        over = 1.0 if over > 1.0 else over
-        factor *= 1.0 + model.kv_penalty * over * over
     # expected_ttft
     base = view.base_latency
     speed = view.speed
+    per_token = factor / (speed if speed > 1e-9 else 1e-9)
     work = queued + (prompt_tokens if prompt_tokens > 0 else 0.0)
-    ttft = (base if base > 0.0 else 0.0) + work * factor / (speed if speed > 1e-9 else 1e-9)
-    # decode_seconds with batch_factor
+    ttft = (base if base > 0.0 else 0.0) + work * per_token
     tpot = view.decode_seconds_per_token
+    # kv_wait
+    if kv is not None and kv > model.kv_threshold:
+        over = (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold)
+        over = 1.0 if over > 1.0 else over
+        one = model.typical_prompt_tokens * per_token
+        if tpot > 0.0:
+            one += model.decode_horizon * tpot
+        ttft += model.kv_penalty * over * over * one
+    # decode_seconds with batch_factor
     if not tpot > 0.0:
         return ttft, ttft
     horizon = model.decode_horizon
@@ -117,17 +125,29 @@ def queued_tokens(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
 
 
 def slowdown(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
-    """Factor (≥ 1) by which decoding sequences and KV pressure slow this instance's prefill."""
+    """Factor (≥ 1) by which the decoding sequences sharing each step slow this instance's prefill."""
     running = float(max(0, view.decoding))
-    kv = None
     if view.engine is not None:
         running = max(running, view.engine.running)
-        kv = view.engine.kv_usage
-    factor = 1.0 + model.decode_weight * running / model.step_tokens
-    if kv is not None and kv > model.kv_threshold:
-        over = min(1.0, (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold))
-        factor *= 1.0 + model.kv_penalty * over * over
-    return factor
+    return 1.0 + model.decode_weight * running / model.step_tokens
+
+
+def kv_wait(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
+    """Seconds a nearly full KV cache adds before a new request's first token there.
+
+    Above ``kv_threshold`` a new request waits for a running one to free its blocks (about one
+    decode of ``decode_horizon`` tokens), or vLLM preempts one and prefills it again (about one
+    typical prompt): ``kv_penalty`` such waits at 100 %, growing quadratically from the threshold.
+    A wait, not a slower prefill: on a small cache two requests fill it, and a multiplier on the
+    whole queue made a card that was about to drain look many times slower than it is.
+    """
+    kv = view.engine.kv_usage if view.engine is not None else None
+    if kv is None or kv <= model.kv_threshold:
+        return 0.0
+    over = min(1.0, (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold))
+    one = model.typical_prompt_tokens * slowdown(view, model) / max(view.speed, 1e-9)
+    one += model.decode_horizon * max(0.0, view.decode_seconds_per_token)
+    return model.kv_penalty * over * over * one
 
 
 def expected_prefill(prompt_tokens: float, warm_prefix: float = 0.0) -> float:
@@ -145,7 +165,8 @@ def expected_ttft(view: InstanceView, prompt_tokens: float, model: LoadModel = D
     """Expected seconds until the first token of a request costing ``prompt_tokens`` of prefill on
     ``view``, sent now."""
     work = queued_tokens(view, model) + max(0.0, prompt_tokens)
-    return max(0.0, view.base_latency) + work * slowdown(view, model) / max(view.speed, 1e-9)
+    per_token = slowdown(view, model) / max(view.speed, 1e-9)
+    return max(0.0, view.base_latency) + work * per_token + kv_wait(view, model)
 
 
 def decode_seconds(

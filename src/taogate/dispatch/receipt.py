@@ -10,6 +10,7 @@ the chosen instance's estimate and the runner-up's (the cheapest other) into the
   token, or an answer, there; ``in_flight``: in flight there, not computed yet, priced as a hit
   because that instance's earlier in-flight followers hit; ``sent``: only sent there, not computed
   yet, so no hit is priced; ``none``);
+* ``kv`` (only when not zero): the wait a nearly full KV cache adds (``load.kv_wait``);
 * ``decode``: the first output tokens at its learned pace;
 * ``adjust`` (only when not zero): what a miss would evict, less its share of a hot prefix's copy.
 
@@ -23,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .load import DEFAULT_LOAD, LoadModel, estimate, queued_tokens, slowdown
+from .load import DEFAULT_LOAD, LoadModel, estimate, kv_wait, queued_tokens, slowdown
 from .policy import LeastBusy
 from .types import InstanceView, RequestFacts, Send
 
@@ -46,10 +47,11 @@ class Terms:
     evidence: str
     decode: float
     adjust: float = 0.0
+    kv: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.fixed + self.queued + self.own + self.decode + self.adjust
+        return self.fixed + self.queued + self.own + self.kv + self.decode + self.adjust
 
 
 def terms(
@@ -68,7 +70,8 @@ def terms(
     per_token = slowdown(view, load) / max(view.speed, 1e-9)
     fixed = max(0.0, view.base_latency)
     queued = queued_tokens(view, load) * per_token
-    own = max(0.0, ttft - fixed - queued)
+    kv = kv_wait(view, load)
+    own = max(0.0, ttft - fixed - queued - kv)
     adjust = cost - latency
     return Terms(
         view.name,
@@ -80,6 +83,7 @@ def terms(
         evidence,
         latency - ttft,
         adjust if abs(adjust) > 1e-6 else 0.0,
+        kv,
     )
 
 
@@ -92,7 +96,9 @@ def _clean(name: str) -> str:
 def _one(t: Terms) -> str:
     text = (
         f"{_clean(t.name)} est={t.total:.3f}s fixed={t.fixed:.3f} queued={t.queued:.3f} "
-        f"own={t.own:.3f} ({t.work:.0f} tok, hit {t.hit:.0f} {t.evidence}) decode={t.decode:.3f}"
+        f"own={t.own:.3f} ({t.work:.0f} tok, hit {t.hit:.0f} {t.evidence})"
+        + (f" kv={t.kv:.3f}" if t.kv else "")
+        + f" decode={t.decode:.3f}"
     )
     return text + (f" adjust={t.adjust:+.3f}" if t.adjust else "")
 
