@@ -119,8 +119,8 @@ class LimitedProtocol(HttpToolsProtocol):
         self._stalled = 0  # bytes fed since the parser last made progress
         self._url_parts: list[bytes] = []
         self._url_len = 0
-        self._fields = 0
         self._head_size = 0
+        self._head_budget = self._limits.max_header_bytes  # for the fields: the head's, less the URL
         self._saw_bytes = False
         self._timer: asyncio.TimerHandle | None = None
         self._rejected = False  # answered for good: what still arrives is discarded
@@ -207,38 +207,38 @@ class LimitedProtocol(HttpToolsProtocol):
         self.expect_100_continue = False
         self.headers = []
         self._url_parts = []
-        self._url_len = self._fields = self._head_size = 0
+        self._url_len = self._head_size = 0
+        self._head_budget = self._limits.max_header_bytes
 
     def on_url(self, url: bytes) -> None:
         # Called per fragment; uvicorn's `self.url += url` would copy the URL so far each time.
         self._url_len += len(url)
-        if self._url_len > self._limits.max_url_bytes:
-            raise _Reject(
-                414, "uri_too_long", f"The request target exceeds {self._limits.max_url_bytes} bytes."
-            )
+        limits = self._limits
+        if self._url_len > limits.max_url_bytes:
+            raise _Reject(414, "uri_too_long", f"The request target exceeds {limits.max_url_bytes} bytes.")
+        self._head_budget = limits.max_header_bytes - self._url_len
         self._url_parts.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._head_started:
             return  # a trailer field: never merged into the request's headers
-        self._fields += 1
-        self._head_size += len(name) + len(value) + 4
-        limits = self._limits
-        if self._fields > limits.max_headers:
-            raise _Reject(431, "too_many_headers", f"More than {limits.max_headers} request header fields.")
-        if self._head_size + self._url_len > limits.max_header_bytes:
-            raise _too_large(limits)
+        self._head_size = size = self._head_size + len(name) + len(value) + 4
+        headers = self.headers
+        if size > self._head_budget or len(headers) >= self._limits.max_headers:
+            raise _field_refused(self._limits, len(headers))
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
-        self.headers.append((name, value))
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parts = self._url_parts
         self.url = url = parts[0] if len(parts) == 1 else b"".join(parts)
         self._head_started = self._body_done = False
         self._progress = True
-        self._cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._listener.idle.pop(self, None)
         parser = self.parser
         http_version = parser.get_http_version()
@@ -289,11 +289,12 @@ class LimitedProtocol(HttpToolsProtocol):
             self.pipeline.appendleft((cycle, app))
 
     def _run(self, cycle: Cycle, app: ASGIApp) -> None:
+        """A task per request (a pipelined one waits its turn); in ``tasks`` until it is done, so
+        uvicorn's graceful shutdown waits for it."""
         if self._fresh_context:  # uvicorn's opt-in: no context leaks from the lifespan
-            task = self.loop.create_task(cycle.run(app), context=contextvars.Context())
+            task = self.loop.create_task(cycle.run(app, self.tasks), context=contextvars.Context())
         else:
-            task = self.loop.create_task(cycle.run(app))
-        task.add_done_callback(self.tasks.discard)
+            task = self.loop.create_task(cycle.run(app, self.tasks))
         self.tasks.add(task)
 
     def on_body(self, body: bytes) -> None:
@@ -441,6 +442,13 @@ def _target(url: bytes) -> tuple[bytes, bytes]:
         return path, query
     parsed = httptools.parse_url(url)
     return parsed.path, parsed.query or b""
+
+
+def _field_refused(limits: ListenerLimits, fields: int) -> _Reject:
+    """Why one more field is refused: too many of them, else a head too large."""
+    if fields >= limits.max_headers:
+        return _Reject(431, "too_many_headers", f"More than {limits.max_headers} request header fields.")
+    return _too_large(limits)
 
 
 def _too_large(limits: ListenerLimits) -> _Reject:

@@ -189,7 +189,7 @@ async def test_a_failing_app_gets_uvicorns_500_and_a_closed_connection() -> None
     async def app(scope: Any, receive: Any, send: Any) -> None:
         raise LookupError("boom")
 
-    await cycle.run(app)
+    await cycle.run(app, set())
     wire = b"".join(protocol.transport.writes)
     assert wire.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
     assert wire.endswith(b"\r\n\r\nInternal Server Error")
@@ -205,7 +205,7 @@ async def test_an_app_that_leaves_its_response_unfinished_is_logged_as_uvicorn_l
         await send({"type": "http.response.start", "status": 200, "headers": []})
 
     with caplog.at_level(logging.ERROR, logger="uvicorn.error"):
-        await cycle.run(app)
+        await cycle.run(app, set())
     assert [r.getMessage() for r in caplog.records] == ["ASGI callable returned without completing response."]
     assert protocol.transport.closed
 

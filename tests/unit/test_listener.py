@@ -195,6 +195,8 @@ async def test_keep_alive_closes_a_connection_idle_for_its_timeout_and_spares_a_
         reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
         busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", served.port)
         await _ask(reader, writer)
+        await asyncio.sleep(0)
+        assert served.server.server_state.tasks == set()  # a request's task leaves when done
         for _ in range(6):  # a request every 0.1 s: never idle for 0.4 s, across several timers
             await _ask(busy_reader, busy_writer)
             await asyncio.sleep(0.1)
