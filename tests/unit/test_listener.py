@@ -207,3 +207,56 @@ async def test_keep_alive_closes_a_connection_idle_for_its_timeout_and_spares_a_
         assert 0.3 < asyncio.get_running_loop().time() - started < 1.5
         writer.close()
         busy_writer.close()
+
+
+async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    answer = scope["method"].encode() + b" " + scope["raw_path"] + b"?" + scope["query_string"] + b" " + body
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def _exchange(port: int, request: bytes, *, until_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        if until_close:
+            return await asyncio.wait_for(reader.read(), 5.0)
+        await asyncio.sleep(0.3)
+        return await asyncio.wait_for(reader.read(65536), 5.0)
+    finally:
+        writer.close()
+
+
+async def test_pipelined_chunked_continued_head_and_http10_requests_are_answered_in_order() -> None:
+    options = {"http": protocol_class(ListenerLimits()), "ws": "none", "server_header": False}
+    async with serve_asgi(_echo, **options) as served:
+        pipelined = (
+            b"POST /a?x=1 HTTP/1.1\r\nhost: h\r\ncontent-length: 3\r\n\r\nabc"
+            b"POST /b HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n2\r\nde\r\n1\r\nf\r\n0\r\n\r\n"
+            b"HEAD /c HTTP/1.1\r\nhost: h\r\n\r\n"
+            b"GET /d HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n"
+        )
+        wire = await _exchange(served.port, pipelined)
+        answers = wire.split(b"HTTP/1.1 200 OK\r\n")[1:]
+        assert len(answers) == 4
+        assert answers[0].endswith(b"\r\n\r\nf\r\nPOST /a?x=1 abc\r\n0\r\n\r\n")
+        assert answers[1].endswith(b"\r\n\r\nc\r\nPOST /b? def\r\n0\r\n\r\n")
+        assert answers[2].endswith(b"content-type: text/plain\r\n\r\n")  # HEAD: no body, no framing
+        assert b"connection: close\r\n" in answers[3]
+        assert answers[3].endswith(b"\r\n\r\n8\r\nGET /d? \r\n0\r\n\r\n")
+        old = await _exchange(served.port, b"GET /e HTTP/1.0\r\n\r\n")
+        assert b"connection: close\r\n" in old and old.endswith(b"\r\n\r\n8\r\nGET /e? \r\n0\r\n\r\n")
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"POST /f HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"gh")
+        assert (await asyncio.wait_for(reader.readuntil(b"POST /f? gh"), 5.0)).startswith(b"HTTP/1.1 200 OK")
+        writer.close()
