@@ -88,7 +88,7 @@ class Cycle:
     )
 
     def __init__(
-        self, protocol: LimitedProtocol, scope: dict[str, Any], *, keep_alive: bool, expect_100_continue: bool
+        self, protocol: LimitedProtocol, scope: dict[str, Any], keep_alive: bool, expect_100_continue: bool
     ) -> None:
         self._protocol: LimitedProtocol | None = protocol
         self.scope = scope
@@ -117,25 +117,28 @@ class Cycle:
         self._size += len(body)
         if self._size > HIGH_WATER_LIMIT:
             self.flow.pause_reading()
-        self.wake()
+        self._ready = True
+        if self._waiters is not None:
+            self._wake()
 
     def on_end(self) -> None:
         self.more_body = False
-        self.wake()
+        self._ready = True
+        if self._waiters is not None:
+            self._wake()
 
     def on_lost(self) -> None:
         if not self.response_complete:
             self.disconnected = True
-        self.wake()
-
-    def wake(self) -> None:
         self._ready = True
-        waiters = self._waiters
-        if waiters is not None:
-            self._waiters = None
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+        if self._waiters is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
 
     # -- the app -------------------------------------------------------------------------------
     async def run(self, app: ASGIApp, tasks: set[asyncio.Task[None]]) -> None:
@@ -172,7 +175,8 @@ class Cycle:
             self.transport.write(_CONTINUE)
             self.waiting_for_100_continue = False
         if not self.disconnected and not self.response_complete:
-            self.flow.resume_reading()
+            if self.flow.read_paused:
+                self.flow.resume_reading()
             if not self._ready:
                 waiter = self._loop.create_future()
                 if self._waiters is None:
@@ -269,8 +273,11 @@ class Cycle:
             if self._expected != 0:
                 raise RuntimeError("Response content shorter than Content-Length")
             self.response_complete = True
-            self._flush()
-            self.wake()
+            if self._head is not None:
+                self._flush()
+            self._ready = True
+            if self._waiters is not None:
+                self._wake()
             protocol = self._protocol
             if protocol is not None:
                 if not self.keep_alive:

@@ -255,10 +255,13 @@ class LimitedProtocol(HttpToolsProtocol):
             "state": self.app_state.copy(),
             "method": _METHODS.get(method) or method.decode("ascii"),
         }
-        self.scope = cast(Any, scope)
+        self.scope = scope  # type: ignore[assignment]
         if parser.should_upgrade() and self._should_upgrade():
             return
-        raw_path, query = _target(url)
+        if url[:1] == b"/" and b"#" not in url:  # origin-form, what clients send: _target's fast way
+            raw_path, _, query = url.partition(b"?")
+        else:
+            raw_path, query = _target(url)
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
@@ -276,12 +279,8 @@ class LimitedProtocol(HttpToolsProtocol):
             app = service_unavailable
             self.logger.warning("Exceeded concurrency limit.")
         existing = self.cycle
-        self.cycle = cycle = Cycle(
-            self,
-            scope,
-            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
-            expect_100_continue=self.expect_100_continue,
-        )
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        self.cycle = cycle = Cycle(self, scope, keep_alive, self.expect_100_continue)
         if existing is None or existing.response_complete:
             self._run(cycle, app)
         else:  # pipelined: served once the one before has answered
@@ -317,7 +316,8 @@ class LimitedProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        if self.flow.read_paused:
+            self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._run(cycle, app)

@@ -70,9 +70,7 @@ def _cycle(
     loop: asyncio.AbstractEventLoop, method: str = "POST", *, keep_alive: bool = True, expect: bool = False
 ) -> tuple[Cycle, _Protocol]:
     protocol = _Protocol(loop)
-    cycle = Cycle(
-        cast(LimitedProtocol, protocol), _scope(method), keep_alive=keep_alive, expect_100_continue=expect
-    )
+    cycle = Cycle(cast(LimitedProtocol, protocol), _scope(method), keep_alive, expect)
     return cycle, protocol
 
 
