@@ -17,15 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-if TYPE_CHECKING:
-    from taogate.listener import LimitedProtocol
-
-__all__ = ["Cycle"]
+__all__ = ["METHODS", "Connection", "Cycle", "request_target"]
 
 ASGIApp = Callable[..., Awaitable[Any]]
 
@@ -40,6 +38,8 @@ _TRANSFER_ENCODING = b"transfer-encoding"
 _CONNECTION = b"connection"
 _NO_BODY = frozenset((204, 304))
 _FRAMING = frozenset((_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION))
+#: The methods clients use, decoded once (a scope's ``method`` is a str).
+METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 _SERVER_ERROR_HEAD: dict[str, Any] = {
     "type": "http.response.start",
     "status": 500,
@@ -54,6 +54,21 @@ _SERVER_ERROR_BODY: dict[str, Any] = {
     "body": b"Internal Server Error",
     "more_body": False,
 }
+
+
+class Connection(Protocol):
+    """What a cycle asks of its client connection (``taogate.listener.Connection``)."""
+
+    transport: asyncio.Transport
+    flow: FlowControl
+    server_state: Any  # uvicorn's ServerState: ``default_headers``
+    loop: asyncio.AbstractEventLoop
+
+    def close_after_response(self) -> None:
+        """The connection is not kept: close it once the request's body is all in."""
+
+    def on_response_complete(self) -> None:
+        """The response is all written: the next request may be served."""
 
 
 class Cycle:
@@ -88,9 +103,9 @@ class Cycle:
     )
 
     def __init__(
-        self, protocol: LimitedProtocol, scope: dict[str, Any], keep_alive: bool, expect_100_continue: bool
+        self, protocol: Connection, scope: dict[str, Any], keep_alive: bool, expect_100_continue: bool
     ) -> None:
-        self._protocol: LimitedProtocol | None = protocol
+        self._protocol: Connection | None = protocol
         self.scope = scope
         self.transport: asyncio.Transport = protocol.transport
         self.flow: FlowControl = protocol.flow
@@ -281,7 +296,7 @@ class Cycle:
             protocol = self._protocol
             if protocol is not None:
                 if not self.keep_alive:
-                    protocol._close_after_response()
+                    protocol.close_after_response()
                 protocol.on_response_complete()
 
     def _write(self, data: bytes) -> None:
@@ -308,4 +323,14 @@ class Cycle:
         self._flush()
         protocol = self._protocol
         if protocol is not None:
-            protocol._close_after_response()
+            protocol.close_after_response()
+
+
+def request_target(url: bytes) -> tuple[bytes, bytes]:
+    """The path and the query of a request target, as ``httptools.parse_url`` gives them; an
+    origin-form target without a fragment (what clients send) is split without building a URL."""
+    if url[:1] == b"/" and b"#" not in url:
+        path, _, query = url.partition(b"?")
+        return path, query
+    parsed = httptools.parse_url(url)
+    return parsed.path, parsed.query or b""

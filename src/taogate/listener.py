@@ -30,7 +30,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from taogate.cycle import ASGIApp, Cycle
+from taogate.cycle import METHODS, ASGIApp, Cycle, request_target
 from taogate.errors import error_body
 
 __all__ = ["LimitedProtocol", "ListenerLimits", "protocol_class"]
@@ -46,8 +46,6 @@ _LINGER_IDLE_S = 5.0
 _LINGER_BYTES = 256 * 1024
 #: Seconds between two warnings of one kind (the count in between is reported).
 _WARN_EVERY_S = 10.0
-#: The methods clients use, decoded once.
-_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,25 +251,21 @@ class LimitedProtocol(HttpToolsProtocol):
             "root_path": self.root_path,
             "headers": self.headers,
             "state": self.app_state.copy(),
-            "method": _METHODS.get(method) or method.decode("ascii"),
+            "method": METHODS.get(method) or method.decode("ascii"),
         }
         self.scope = scope  # type: ignore[assignment]
         if parser.should_upgrade() and self._should_upgrade():
             return
-        if url[:1] == b"/" and b"#" not in url:  # origin-form, what clients send: _target's fast way
+        if url[:1] == b"/" and b"#" not in url:  # origin-form: request_target's fast way
             raw_path, _, query = url.partition(b"?")
         else:
-            raw_path, query = _target(url)
+            raw_path, query = request_target(url)
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
-        if self.root_path:
-            scope["path"] = self.root_path + path
-            scope["raw_path"] = self.root_path.encode("ascii") + raw_path
-        else:
-            scope["path"] = path
-            scope["raw_path"] = raw_path
-        scope["query_string"] = query
+        if root := self.root_path:
+            path, raw_path = root + path, root.encode("ascii") + raw_path
+        scope["path"], scope["raw_path"], scope["query_string"] = path, raw_path, query
         app: ASGIApp = self.app
         if self.limit_concurrency is not None and (
             len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency
@@ -399,7 +393,7 @@ class LimitedProtocol(HttpToolsProtocol):
         transport.write(b"".join(head))
         self._linger(_LINGER_BYTES)
 
-    def _close_after_response(self) -> None:
+    def close_after_response(self) -> None:
         if self.transport.is_closing():
             return
         if self._body_done:
@@ -432,16 +426,6 @@ class LimitedProtocol(HttpToolsProtocol):
             self.transport.abort()
         else:
             self._timer = self.loop.call_at(due, self._lingered)
-
-
-def _target(url: bytes) -> tuple[bytes, bytes]:
-    """The path and the query of a request target, as ``httptools.parse_url`` gives them; an
-    origin-form target without a fragment (what clients send) is split without building a URL."""
-    if url[:1] == b"/" and b"#" not in url:
-        path, _, query = url.partition(b"?")
-        return path, query
-    parsed = httptools.parse_url(url)
-    return parsed.path, parsed.query or b""
 
 
 def _field_refused(limits: ListenerLimits, fields: int) -> _Reject:

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from taogate.cycle import Cycle
-from taogate.listener import LimitedProtocol
+from taogate.cycle import Connection, Cycle
 
 
 class _Wire:
@@ -55,7 +54,7 @@ class _Protocol:
         self.loop = loop
         self.completed = 0
 
-    def _close_after_response(self) -> None:
+    def close_after_response(self) -> None:
         self.transport.close()
 
     def on_response_complete(self) -> None:
@@ -70,7 +69,7 @@ def _cycle(
     loop: asyncio.AbstractEventLoop, method: str = "POST", *, keep_alive: bool = True, expect: bool = False
 ) -> tuple[Cycle, _Protocol]:
     protocol = _Protocol(loop)
-    cycle = Cycle(cast(LimitedProtocol, protocol), _scope(method), keep_alive, expect)
+    cycle = Cycle(cast(Connection, protocol), _scope(method), keep_alive, expect)
     return cycle, protocol
 
 

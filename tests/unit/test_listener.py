@@ -18,7 +18,8 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from taogate.listener import LimitedProtocol, ListenerLimits, _target, protocol_class
+from taogate.cycle import request_target
+from taogate.listener import LimitedProtocol, ListenerLimits, protocol_class
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import GatewaySettings
 
@@ -116,7 +117,7 @@ def test_a_request_target_splits_as_httptools_parses_it(target: str, absolute: b
         parsed = httptools.parse_url(url)
     except httptools.HttpParserInvalidURLError:
         return
-    assert _target(url) == (parsed.path, parsed.query or b"")
+    assert request_target(url) == (parsed.path, parsed.query or b"")
 
 
 class _Recorder:
