@@ -57,7 +57,7 @@ _SERVER_ERROR_BODY: dict[str, Any] = {
 
 
 class Connection(Protocol):
-    """What a cycle asks of its client connection (``taogate.listener.Connection``)."""
+    """What a cycle asks of its client connection (``taogate.listener.LimitedProtocol``)."""
 
     transport: asyncio.Transport
     flow: FlowControl
@@ -65,7 +65,7 @@ class Connection(Protocol):
     loop: asyncio.AbstractEventLoop
 
     def close_after_response(self) -> None:
-        """The connection is not kept: close it once the request's body is all in."""
+        """The connection is not kept: end it after this response (lingering while the body comes)."""
 
     def on_response_complete(self) -> None:
         """The response is all written: the next request may be served."""
