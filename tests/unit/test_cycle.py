@@ -247,3 +247,16 @@ async def test_a_large_body_pauses_reading_until_the_app_receives() -> None:
     assert protocol.transport.paused
     message = await cycle.receive()
     assert len(message["body"]) == 80000 and not protocol.transport.paused
+
+
+async def test_send_waits_while_the_transport_asks_to_pause_writing() -> None:
+    cycle, protocol = _cycle(asyncio.get_running_loop())
+    await cycle.send({"type": "http.response.start", "status": 200, "headers": []})
+    protocol.flow.pause_writing()
+    piece = {"type": "http.response.body", "body": b"x", "more_body": True}
+    sending = asyncio.ensure_future(cycle.send(piece))
+    await asyncio.sleep(0.01)
+    assert not sending.done() and b"".join(protocol.transport.writes).endswith(b"\r\n\r\n")
+    protocol.flow.resume_writing()
+    await sending
+    assert protocol.transport.writes[-1] == b"1\r\nx\r\n"
