@@ -12,8 +12,9 @@ relays a stream chunk by chunk). No auth, dispatch, retries, metrics or logging:
 Python proxy built the usual way.
 
 Two floors of taogate's own stack, forwarding over its ``h1`` pool with none of its features:
-``bare``, a raw ASGI app on the same uvicorn listener as the gateway, and ``raw``, an httptools
-protocol of its own with no uvicorn and no ASGI (what uvicorn's per-request cycle costs on top).
+``bare``, a raw ASGI app on the gateway's own listener (``taogate.listener`` under uvicorn), and
+``raw``, an httptools protocol of its own with no uvicorn and no ASGI (what the listener's ASGI
+cycle costs on top).
 
     python benchmarks/reference_proxy.py --client aiohttp --port P http://127.0.0.1:A ...
 """
@@ -36,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from taogate.h1 import Origin, Pool
+from taogate.listener import ListenerLimits, protocol_class
 
 DROPPED_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "authorization"}
 Forward = Callable[[str, bytes, dict[str, str]], Awaitable[Response]]
@@ -89,7 +91,7 @@ KEPT_HEADERS = (b"content-type", b"authorization")
 
 
 def bare(upstreams: list[str]) -> Callable[..., Awaitable[None]]:
-    """The floor of taogate's own stack: a raw ASGI app (no FastAPI) on the same uvicorn listener,
+    """The floor of taogate's own stack: a raw ASGI app (no FastAPI) on the gateway's listener,
     forwarding over taogate's ``h1`` pool to the upstreams in turn, the answer returned whole. What
     a proxied request costs on this stack before any of the gateway's features."""
     origins = itertools.cycle([Origin.parse(u) for u in upstreams])
@@ -224,16 +226,17 @@ def main() -> None:
     if args.client == RAW:
         uvloop.run(serve_raw(args.port, args.upstreams))
         return
-    app = bare(args.upstreams) if args.client == BARE else build(args.upstreams, args.client)
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    app: Any = build(args.upstreams, args.client) if args.client != BARE else bare(args.upstreams)
+    options: dict[str, Any] = {"http": "httptools"}
+    if args.client == BARE:  # served as the gateway is: its listener (default limits), no extras
+        options = {
+            "http": protocol_class(ListenerLimits()),
+            "ws": "none",
+            "proxy_headers": False,
+            "server_header": False,
+        }
+    options.update(host="127.0.0.1", port=args.port, log_level="warning", access_log=False, loop="uvloop")
+    uvicorn.run(app, **options)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What one client connection may cost: uvicorn's httptools protocol, with limits.
+"""What one client connection may cost: uvicorn's httptools protocol, with limits and a cycle of ours.
 
 uvicorn bounds none of this itself: httptools grows a header value by concatenation per read (a huge
 head costs the square of its size before any callback can object), no timer is armed until a first
@@ -8,23 +8,29 @@ bytes fed to the parser, bounds the URL, head and fields, times the head, drops 
 the connections (shedding a lingering or the longest-idle one), answering in OpenAI's error shape
 with ``connection: close`` (414, 431, 408, 400). A connection closed before its request's body is
 all in lingers a moment, reading and discarding, so the client reads the answer instead of a reset.
-A response's head goes out with its body in one write. The uvicorn internals this relies on are
-pinned by ``tests/unit/test_listener.py``.
+Each request is served by ``taogate.cycle.Cycle`` (uvicorn's cycle, at less cost per request), from
+the protocol's own per-request callbacks; the keep-alive timer is armed once per idle stretch, not
+once per response. The connection's life (accepting, flow control, graceful shutdown) stays
+uvicorn's; the uvicorn internals this relies on are pinned by ``tests/unit/test_listener.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import time
-import weakref
+import urllib.parse
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 import httptools
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from taogate.cycle import METHODS, ASGIApp, Cycle, request_target
 from taogate.errors import error_body
 
 __all__ = ["LimitedProtocol", "ListenerLimits", "protocol_class"]
@@ -93,60 +99,6 @@ class _Listener:
         return False
 
 
-class _CycleTransport:
-    """What one request's cycle writes to: the connection's transport, whose ``close`` lingers
-    while the request body is still coming (uvicorn's cycle only writes, asks and closes).
-
-    The cycle's first write (the response head) is held until its next write (the body) or the end
-    of this turn of the loop, whichever comes first: uvicorn writes the head and the body apart, and
-    one write(2) per response instead of two saves a syscall and a TCP segment each (measured:
-    benchmarks/overhead.py).
-
-    It holds the protocol weakly: the protocol holds the cycle, and a strong reference back would
-    make every connection a reference cycle, freed only by a full collection, so a burst of
-    connections would stay in memory long after it closed. Once the connection is gone (the
-    protocol with it), a close has nothing left to do."""
-
-    __slots__ = ("_held", "_loop", "_protocol", "_transport", "_wrote", "is_closing")
-
-    def __init__(self, protocol: LimitedProtocol) -> None:
-        self._protocol = weakref.ref(protocol)
-        self._transport = protocol.transport
-        self._loop = protocol.loop
-        self._held: bytes | None = None
-        self._wrote = False
-        self.is_closing = protocol.transport.is_closing
-
-    def write(self, data: bytes) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            if len(data) < 65536:
-                self._transport.write(held + data)
-            else:  # a large body is not copied to be joined
-                self._transport.write(held)
-                self._transport.write(data)
-        elif self._wrote:
-            self._transport.write(data)
-        else:
-            self._wrote = True
-            self._held = data
-            self._loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            if not self._transport.is_closing():  # the client may have gone since the head was held
-                self._transport.write(held)
-
-    def close(self) -> None:
-        self.flush()
-        protocol = self._protocol()
-        if protocol is not None:
-            protocol._close_after_response()
-
-
 class LimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits of ``_listener`` (see the module docstring)."""
 
@@ -154,14 +106,19 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.cycle: Cycle = None  # type: ignore[assignment]
+        self.pipeline: deque[tuple[Cycle, ASGIApp]] = deque()  # type: ignore[assignment]
+        self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
+        self._fresh_context = self.config.reset_contextvars
+        self._idle_since: float | None = None  # when the last response ended, if nothing came since
         self._limits = self._listener.limits
         self._head_started = False  # a request's head has begun and not ended
         self._progress = False  # the parser got past a head, a body piece or a message this read
         self._stalled = 0  # bytes fed since the parser last made progress
         self._url_parts: list[bytes] = []
         self._url_len = 0
-        self._fields = 0
         self._head_size = 0
+        self._head_budget = self._limits.max_header_bytes  # for the fields: the head's, less the URL
         self._saw_bytes = False
         self._timer: asyncio.TimerHandle | None = None
         self._rejected = False  # answered for good: what still arrives is discarded
@@ -186,10 +143,21 @@ class LimitedProtocol(HttpToolsProtocol):
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # uvicorn's own, with this class's timers and pools, and the cycle told.
         self._cancel()
         self._listener.idle.pop(self, None)
         self._listener.lingering.pop(self, None)
-        super().connection_lost(exc)
+        self.connections.discard(self)
+        self.pipeline.clear()  # queued cycles hold this protocol
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.on_lost()
+        if self.flow is not None:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+            self._unset_keepalive_if_required()
+        self.parser = None  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's own, with the byte count and the rejections of this class.
@@ -199,7 +167,7 @@ class LimitedProtocol(HttpToolsProtocol):
             if self._discarded > self._linger_bytes:
                 self.transport.abort()
             return
-        self._unset_keepalive_if_required()
+        self._idle_since = None  # the keep-alive timer, if armed, lets the connection be
         self._saw_bytes = True
         self._progress = False
         try:
@@ -233,68 +201,142 @@ class LimitedProtocol(HttpToolsProtocol):
 
     # -- parser callbacks ----------------------------------------------------------------------
     def on_message_begin(self) -> None:
-        super().on_message_begin()
         self._head_started = True
+        self.expect_100_continue = False
+        self.headers = []
         self._url_parts = []
-        self._url_len = self._fields = self._head_size = 0
+        self._url_len = self._head_size = 0
+        self._head_budget = self._limits.max_header_bytes
 
     def on_url(self, url: bytes) -> None:
         # Called per fragment; uvicorn's `self.url += url` would copy the URL so far each time.
         self._url_len += len(url)
-        if self._url_len > self._limits.max_url_bytes:
-            raise _Reject(
-                414, "uri_too_long", f"The request target exceeds {self._limits.max_url_bytes} bytes."
-            )
+        limits = self._limits
+        if self._url_len > limits.max_url_bytes:
+            raise _Reject(414, "uri_too_long", f"The request target exceeds {limits.max_url_bytes} bytes.")
+        self._head_budget = limits.max_header_bytes - self._url_len
         self._url_parts.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._head_started:
             return  # a trailer field: never merged into the request's headers
-        self._fields += 1
-        self._head_size += len(name) + len(value) + 4
-        limits = self._limits
-        if self._fields > limits.max_headers:
-            raise _Reject(431, "too_many_headers", f"More than {limits.max_headers} request header fields.")
-        if self._head_size + self._url_len > limits.max_header_bytes:
-            raise _too_large(limits)
-        # uvicorn's own, written out: a call less per field
+        self._head_size = size = self._head_size + len(name) + len(value) + 4
+        headers = self.headers
+        if size > self._head_budget or len(headers) >= self._limits.max_headers:
+            raise _field_refused(self._limits, len(headers))
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
-        self.headers.append((name, value))
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parts = self._url_parts
-        self.url = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.url = url = parts[0] if len(parts) == 1 else b"".join(parts)
         self._head_started = self._body_done = False
         self._progress = True
-        self._cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._listener.idle.pop(self, None)
-        transport = self.transport
-        self.transport = cast(asyncio.Transport, _CycleTransport(self))  # what the new cycle keeps
-        try:
-            super().on_headers_complete()
-        finally:
-            self.transport = transport
+        parser = self.parser
+        http_version = parser.get_http_version()
+        method = parser.get_method()
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": self._asgi,
+            "http_version": http_version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+            "method": METHODS.get(method) or method.decode("ascii"),
+        }
+        self.scope = scope  # type: ignore[assignment]
+        if parser.should_upgrade() and self._should_upgrade():
+            return
+        if url[:1] == b"/" and b"#" not in url:  # origin-form: request_target's fast way
+            raw_path, _, query = url.partition(b"?")
+        else:
+            raw_path, query = request_target(url)
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        if root := self.root_path:
+            path, raw_path = root + path, root.encode("ascii") + raw_path
+        scope["path"], scope["raw_path"], scope["query_string"] = path, raw_path, query
+        app: ASGIApp = self.app
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency
+        ):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing = self.cycle
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        self.cycle = cycle = Cycle(self, scope, keep_alive, self.expect_100_continue)
+        if existing is None or existing.response_complete:
+            self._run(cycle, app)
+        else:  # pipelined: served once the one before has answered
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
+
+    def _run(self, cycle: Cycle, app: ASGIApp) -> None:
+        """A task per request (a pipelined one waits its turn); in ``tasks`` until it is done, so
+        uvicorn's graceful shutdown waits for it."""
+        if self._fresh_context:  # uvicorn's opt-in: no context leaks from the lifespan
+            task = self.loop.create_task(cycle.run(app, self.tasks), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(cycle.run(app, self.tasks))
+        self.tasks.add(task)
 
     def on_body(self, body: bytes) -> None:
         self._progress = True
-        super().on_body(body)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.on_body(body)
 
     def on_chunk_complete(self) -> None:
         self._progress = True
 
     def on_message_complete(self) -> None:
         self._progress = self._body_done = True
-        super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.on_end()
 
     def on_response_complete(self) -> None:
-        queued = bool(self.pipeline)
-        super().on_response_complete()
-        if not queued and not self.transport.is_closing() and not self._rejected:
+        """The cycle's response is all written: the next pipelined request, else an idle wait."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:
+            self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._run(cycle, app)
+            return
+        self._idle_since = now = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            due = now + self.timeout_keep_alive
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+        if not self._rejected:
             idle = self._listener.idle
             idle.pop(self, None)
             idle[self] = None  # the most recently idle, last
+
+    def _keep_alive_due(self) -> None:
+        """uvicorn's keep-alive timeout, armed once per idle stretch instead of once per response:
+        a byte from the client ends the stretch (the timer then lets go), a response starts one."""
+        self.timeout_keep_alive_task = None
+        since = self._idle_since
+        if since is None:
+            return
+        due = since + self.timeout_keep_alive
+        if self.loop.time() >= due:
+            self.timeout_keep_alive_handler()
+        else:
+            self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
 
     def _unsupported_upgrade_warning(self) -> None:
         self._listener.warn("upgrade", "a client asked to upgrade the connection; it stays HTTP/1.1")
@@ -351,7 +393,7 @@ class LimitedProtocol(HttpToolsProtocol):
         transport.write(b"".join(head))
         self._linger(_LINGER_BYTES)
 
-    def _close_after_response(self) -> None:
+    def close_after_response(self) -> None:
         if self.transport.is_closing():
             return
         if self._body_done:
@@ -384,6 +426,13 @@ class LimitedProtocol(HttpToolsProtocol):
             self.transport.abort()
         else:
             self._timer = self.loop.call_at(due, self._lingered)
+
+
+def _field_refused(limits: ListenerLimits, fields: int) -> _Reject:
+    """Why one more field is refused: too many of them, else a head too large."""
+    if fields >= limits.max_headers:
+        return _Reject(431, "too_many_headers", f"More than {limits.max_headers} request header fields.")
+    return _too_large(limits)
 
 
 def _too_large(limits: ListenerLimits) -> _Reject:

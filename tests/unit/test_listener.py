@@ -1,42 +1,64 @@
 """The uvicorn and httptools internals ``taogate.listener`` and ``taogate.h1`` rely on: an upgrade
-that moves one fails here, by name, before it fails a request."""
+that moves one fails here, by name, before it fails a request. (``taogate.cycle`` is held to
+uvicorn's own cycle in ``test_cycle.py``.)"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import re
-from typing import Any, cast
+from typing import Any
 
 import httptools
 import pytest
 import uvicorn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from uvicorn.protocols.http import httptools_impl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl, service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from taogate.listener import LimitedProtocol, ListenerLimits, _CycleTransport, protocol_class
-from taogate.serving import gateway_server_options
+from taogate.cycle import request_target
+from taogate.listener import LimitedProtocol, ListenerLimits, protocol_class
+from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import GatewaySettings
 
-#: Methods of uvicorn's protocol the subclass overrides or calls.
+#: Methods of uvicorn's protocol the subclass inherits and calls (the per-request ones are its own).
 USED_METHODS = (
     "connection_made",
-    "connection_lost",
-    "data_received",
-    "on_message_begin",
-    "on_url",
-    "on_header",
-    "on_headers_complete",
-    "on_body",
-    "on_message_complete",
-    "on_response_complete",
+    "shutdown",
+    "pause_writing",
+    "resume_writing",
+    "timeout_keep_alive_handler",
     "_unset_keepalive_if_required",
     "_should_upgrade",
     "handle_websocket_upgrade",
     "_unsupported_upgrade_warning",
 )
-#: Attributes uvicorn's protocol sets in ``__init__`` and ``connection_made`` that it reads.
-USED_ATTRIBUTES = ("connections", "pipeline", "cycle", "server_state", "loop", "flow", "transport", "parser")
+#: Attributes uvicorn's protocol sets in ``__init__`` and ``connection_made`` that the subclass reads.
+USED_ATTRIBUTES = (
+    "config",
+    "app",
+    "app_state",
+    "root_path",
+    "asgi_version",
+    "limit_concurrency",
+    "logger",
+    "connections",
+    "tasks",
+    "pipeline",
+    "cycle",
+    "server_state",
+    "loop",
+    "flow",
+    "transport",
+    "parser",
+    "server",
+    "client",
+    "scheme",
+    "timeout_keep_alive",
+    "timeout_keep_alive_task",
+)
 
 
 def _source(obj: Any) -> str:
@@ -52,37 +74,28 @@ def test_the_protocol_attributes_the_subclass_reads_are_set_where_it_expects() -
     init = _source(HttpToolsProtocol.__init__) + _source(HttpToolsProtocol.connection_made)
     assert [a for a in USED_ATTRIBUTES if f"self.{a} = " not in init and f"self.{a}: " not in init] == []
     assert "STATUS_LINE" in vars(httptools_impl)
+    assert "reset_contextvars" in _source(uvicorn.Config.__init__)
 
 
-def test_uvicorn_builds_the_url_in_on_url_and_parses_it_when_the_head_is_done() -> None:
-    # The subclass collects the fragments itself and sets self.url before the head is complete.
-    assert "self.url += url" in _source(HttpToolsProtocol.on_url)
-    assert "httptools.parse_url(self.url)" in _source(HttpToolsProtocol.on_headers_complete)
+def test_uvicorns_shutdown_asks_only_what_a_cycle_has() -> None:
+    # The server calls shutdown() on each connection, then waits for server_state's tasks.
+    src = _source(HttpToolsProtocol.shutdown)
+    assert "self.cycle.response_complete" in src and "self.cycle.keep_alive = False" in src
+    assert set(re.findall(r"self\.cycle\.(\w+)", src)) <= {"response_complete", "keep_alive"}
+    server = _source(uvicorn.Server.shutdown) + _source(uvicorn.Server._wait_tasks_to_complete)
+    assert "connection.shutdown()" in server and "self.server_state.tasks" in server
 
 
-def test_uvicorns_header_callback_is_what_the_subclass_writes_out() -> None:
-    # LimitedProtocol.on_header does uvicorn's work itself, instead of a call per field.
-    src = _source(HttpToolsProtocol.on_header)
-    assert "name = name.lower()" in src
-    assert 'name == b"expect" and value.lower() == b"100-continue"' in src
-    assert "self.expect_100_continue = True" in src
-    assert "self.headers.append((name, value))" in src
+def test_the_keepalive_timer_is_the_one_uvicorn_cancels_and_its_handler_closes() -> None:
+    assert "self.timeout_keep_alive_task.cancel()" in _source(HttpToolsProtocol._unset_keepalive_if_required)
+    assert "self.transport.close()" in _source(HttpToolsProtocol.timeout_keep_alive_handler)
 
 
-def test_a_cycle_takes_the_protocol_transport_and_its_response_callback_at_the_head() -> None:
-    src = _source(HttpToolsProtocol.on_headers_complete)
-    assert "transport=self.transport" in src
-    assert "on_response=self.on_response_complete" in src
-
-
-def test_a_cycle_only_writes_asks_and_closes_its_transport() -> None:
-    used = set(re.findall(r"self\.transport\.(\w+)", _source(RequestResponseCycle)))
-    assert used <= {"write", "close", "is_closing"}
-
-
-def test_the_keepalive_timer_is_armed_after_a_response_and_cancelled_by_any_byte() -> None:
-    assert "timeout_keep_alive_task = self.loop.call_later" in _source(HttpToolsProtocol.on_response_complete)
-    assert "_unset_keepalive_if_required" in _source(HttpToolsProtocol.data_received)
+def test_the_flow_control_the_cycle_uses() -> None:
+    flow = _source(FlowControl)
+    used = ("def drain", "def pause_reading", "def resume_reading", "self.read_paused", "self.write_paused")
+    assert [name for name in used if name not in flow] == []
+    assert callable(service_unavailable) and HIGH_WATER_LIMIT > 0
 
 
 def test_uvicorn_accepts_a_protocol_class_for_http() -> None:
@@ -91,6 +104,20 @@ def test_uvicorn_accepts_a_protocol_class_for_http() -> None:
     config.load()
     assert config.http_protocol_class is cls
     assert config.ws_protocol_class is None
+
+
+_TARGET = st.text(alphabet=st.sampled_from("/?#%=&.-_~+;:@!$'()*,aZ09"), max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_TARGET, st.booleans())
+def test_a_request_target_splits_as_httptools_parses_it(target: str, absolute: bool) -> None:
+    url = (("http://h" if absolute else "") + "/" + target).encode()
+    try:
+        parsed = httptools.parse_url(url)
+    except httptools.HttpParserInvalidURLError:
+        return
+    assert request_target(url) == (parsed.path, parsed.query or b"")
 
 
 class _Recorder:
@@ -151,61 +178,86 @@ def test_the_gateway_is_served_with_the_limited_protocol_and_its_limits() -> Non
     assert protocol_class(limits)._listener is not cls._listener  # one server, one set of connections
 
 
-class _Wire:
-    """A transport that records what is written to it."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed, "written after it closed"
-        self.writes.append(data)
-
-    def is_closing(self) -> bool:
-        return self.closed
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
 
 
-class _Connection:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.transport = _Wire()
-        self.loop = loop
-        self.closed = False
-
-    def _close_after_response(self) -> None:
-        self.closed = True
+async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    return await reader.readuntil(b"\r\n\r\nok")
 
 
-async def test_a_response_head_goes_out_with_its_body_in_one_write() -> None:
-    conn = _Connection(asyncio.get_running_loop())
-    cycle = _CycleTransport(cast(LimitedProtocol, conn))
-    cycle.write(b"HTTP/1.1 200 OK\r\n\r\n")
-    assert conn.transport.writes == []
-    cycle.write(b"body")
-    cycle.write(b"more")
-    assert conn.transport.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"more"]
-    await asyncio.sleep(0)
-    assert conn.transport.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"more"]
+async def test_keep_alive_closes_a_connection_idle_for_its_timeout_and_spares_a_busy_one() -> None:
+    options = {"http": protocol_class(ListenerLimits()), "ws": "none", "timeout_keep_alive": 0.4}
+    async with serve_asgi(_app, **options) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", served.port)
+        await _ask(reader, writer)
+        await asyncio.sleep(0)
+        assert served.server.server_state.tasks == set()  # a request's task leaves when done
+        for _ in range(6):  # a request every 0.1 s: never idle for 0.4 s, across several timers
+            await _ask(busy_reader, busy_writer)
+            await asyncio.sleep(0.1)
+        assert await asyncio.wait_for(reader.read(), 2.0) == b""  # closed, idle since the first answer
+        await _ask(busy_reader, busy_writer)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(busy_reader.read(), 2.0) == b""
+        assert 0.3 < asyncio.get_running_loop().time() - started < 1.5
+        writer.close()
+        busy_writer.close()
 
 
-async def test_a_head_without_a_body_yet_goes_out_at_the_end_of_the_loop_turn_or_at_close() -> None:
-    loop = asyncio.get_running_loop()
-    stream = _Connection(loop)
-    _CycleTransport(cast(LimitedProtocol, stream)).write(b"head")
-    await asyncio.sleep(0)
-    assert stream.transport.writes == [b"head"]
-    closing = _Connection(loop)
-    cycle = _CycleTransport(cast(LimitedProtocol, closing))
-    cycle.write(b"head")
-    cycle.close()
-    assert closing.transport.writes == [b"head"] and closing.closed
-    gone = _Connection(loop)
-    _CycleTransport(cast(LimitedProtocol, gone)).write(b"head")
-    gone.transport.closed = True  # the client went away within the loop turn
-    await asyncio.sleep(0)
-    assert gone.transport.writes == []
-    big = _Connection(loop)
-    cycle = _CycleTransport(cast(LimitedProtocol, big))
-    cycle.write(b"head")
-    cycle.write(b"x" * 70000)
-    assert [len(w) for w in big.transport.writes] == [4, 70000]
+async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    body = b""
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    answer = scope["method"].encode() + b" " + scope["raw_path"] + b"?" + scope["query_string"] + b" " + body
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def _exchange(port: int, request: bytes, *, until_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        if until_close:
+            return await asyncio.wait_for(reader.read(), 5.0)
+        await asyncio.sleep(0.3)
+        return await asyncio.wait_for(reader.read(65536), 5.0)
+    finally:
+        writer.close()
+
+
+async def test_pipelined_chunked_continued_head_and_http10_requests_are_answered_in_order() -> None:
+    options = {"http": protocol_class(ListenerLimits()), "ws": "none", "server_header": False}
+    async with serve_asgi(_echo, **options) as served:
+        pipelined = (
+            b"POST /a?x=1 HTTP/1.1\r\nhost: h\r\ncontent-length: 3\r\n\r\nabc"
+            b"POST /b HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n2\r\nde\r\n1\r\nf\r\n0\r\n\r\n"
+            b"HEAD /c HTTP/1.1\r\nhost: h\r\n\r\n"
+            b"GET /d HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n"
+        )
+        wire = await _exchange(served.port, pipelined)
+        answers = wire.split(b"HTTP/1.1 200 OK\r\n")[1:]
+        assert len(answers) == 4
+        assert answers[0].endswith(b"\r\n\r\nf\r\nPOST /a?x=1 abc\r\n0\r\n\r\n")
+        assert answers[1].endswith(b"\r\n\r\nc\r\nPOST /b? def\r\n0\r\n\r\n")
+        assert answers[2].endswith(b"content-type: text/plain\r\n\r\n")  # HEAD: no body, no framing
+        assert b"connection: close\r\n" in answers[3]
+        assert answers[3].endswith(b"\r\n\r\n8\r\nGET /d? \r\n0\r\n\r\n")
+        old = await _exchange(served.port, b"GET /e HTTP/1.0\r\n\r\n")
+        assert b"connection: close\r\n" in old and old.endswith(b"\r\n\r\n8\r\nGET /e? \r\n0\r\n\r\n")
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"POST /f HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"gh")
+        assert (await asyncio.wait_for(reader.readuntil(b"POST /f? gh"), 5.0)).startswith(b"HTTP/1.1 200 OK")
+        writer.close()
