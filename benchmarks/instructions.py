@@ -14,10 +14,9 @@ Configurations (``--configs``): ``default`` (as shipped: metrics and the access 
 ``quiet`` (``log_level = "warning"``: no access log), and ``precise`` (the default with a local
 tokenizer and a KV-events subscriber per instance, as overhead.py's ``--precise``; the instant
 emulators publish no events); ``bare``, the floor of this stack: ``reference_proxy.py --client
-bare``, the same uvicorn listener and ``h1`` pool forwarding with none of the gateway's features;
-``raw``, the same forwarding on an httptools protocol without uvicorn or ASGI.
-``--keep DIR`` keeps callgrind's output files for
-``callgrind_annotate``.
+bare``, the gateway's own listener and ``h1`` pool forwarding with none of the gateway's
+features; ``raw``, the same forwarding on an httptools protocol without uvicorn or ASGI.
+``--keep DIR`` keeps callgrind's output files for ``callgrind_annotate``.
 Prompts (``--prompt``): ``tiny`` (``"hi <n>"`` completions, overhead.py's load) or ``chat`` (a
 shared ~1,100-character system prompt and a short question: a prefix key per request). Rounds
 alternate the configurations.

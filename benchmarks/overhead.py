@@ -5,7 +5,7 @@ One run, side by side on this machine, each server in its own process so its CPU
 * 4 instant emulators (engine bypassed) in one process: ``python -m taogate.emulator --fleet 4 --instant``;
 * the gateway: ``taogate serve`` over a temporary config.toml naming the 4 emulators;
 * the reference proxies (``reference_proxy.py``: FastAPI with aiohttp, and with httpx's default
-  transport; ``bare``, the same uvicorn listener and ``h1`` pool as the gateway with none of its
+  transport; ``bare``, the gateway's own listener and ``h1`` pool with none of its
   features: the floor of this stack; and nginx's ``least_conn`` when installed: Debian's ``nginx``,
   run as a subprocess on loopback): this shared machine's speed moves with its neighbours, so the
   CPU target is also judged as a ratio to them, measured in the same rounds;
@@ -66,7 +66,7 @@ TARGET_ADDED_P50_MS = 2.0
 # ~1,900 µs and nginx ~28 µs of CPU per request. This machine's speed moves with its neighbours, so
 # they run in the same rounds as the gateway (benchmarks/reference_proxy.py, and nginx's least_conn
 # when installed), and the target is also judged as the ratio it stands in to them.
-# "bare" is the floor of taogate's own stack (reference_proxy.py --client bare: the same uvicorn
+# "bare" is the floor of taogate's own stack (reference_proxy.py --client bare: the gateway's own
 # listener and h1 pool, none of the gateway's features), ~100 µs on 2026-12-02 beside nginx's ~45:
 # the ≤ 100 µs target is that floor.
 REFERENCE_CPU_US = {"aiohttp": 300.0, "httpx": 1900.0, "nginx": 28.0, "bare": 100.0}
