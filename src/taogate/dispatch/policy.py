@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .affinity import rendezvous
-from .load import DEFAULT_LOAD, LoadModel, estimate
+from .load import DEFAULT_LOAD, LoadModel, horizon, terms
 from .types import STRATEGIES, InstanceView, RequestFacts, Send
 
 __all__ = ["STRATEGIES", "LeastBusy", "LeastRequests", "Policy", "RoundRobin", "make_policy"]
@@ -166,14 +166,20 @@ class LeastBusy:
     def _costs(
         self, req: RequestFacts, candidates: Sequence[InstanceView], work: Sequence[float]
     ) -> tuple[list[float], list[float]]:
-        """(expected latency, expected TTFT) of ``req`` on each candidate, given its prefill there."""
-        max_tokens, load = req.max_tokens, self.load
+        """(expected latency, expected TTFT) of ``req`` on each candidate, given its prefill there:
+        ``load.estimate``, from each view's ``load_terms`` (computed once per view and load model)."""
+        load = self.load
+        decode = horizon(req.max_tokens, load)
         costs: list[float] = []
         ttfts: list[float] = []
         for v, w in zip(candidates, work, strict=True):
-            ttft, latency = estimate(v, w, max_tokens, load)
+            t = v.load_terms
+            if t is None or t[0] is not load:
+                t = v.load_terms = terms(v, load)
+            _, queued, per_token, base, kv, tpot, batch = t
+            ttft = base + (queued + (w if w > 0 else 0.0)) * per_token + kv
             ttfts.append(ttft)
-            costs.append(latency)
+            costs.append(ttft + decode * tpot * batch if tpot else ttft)
         return costs, ttfts
 
     @staticmethod
