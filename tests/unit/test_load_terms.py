@@ -12,7 +12,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.load import DEFAULT_LOAD, LoadModel, estimate, horizon, terms
+from taogate.dispatch.load import DEFAULT_LOAD, LoadModel, estimate, horizon, view_terms
 from taogate.dispatch.policy import LeastBusy
 from taogate.dispatch.types import EngineStats, InstanceView, RequestFacts
 
@@ -75,7 +75,9 @@ def _same(a: Sequence[float], b: Sequence[float]) -> bool:
 @given(
     fleet=st.lists(views, min_size=1, max_size=5),
     rounds=st.lists(
-        st.tuples(requests, st.sampled_from([0, 1, 2]), st.lists(st.floats(-10, 10**6), min_size=5, max_size=5)),
+        st.tuples(
+            requests, st.sampled_from([0, 1, 2]), st.lists(st.floats(-10, 10**6), min_size=5, max_size=5)
+        ),
         min_size=1,
         max_size=6,
     ),
@@ -92,7 +94,7 @@ def test_costs_from_kept_terms_are_the_estimate_per_candidate(
         priced = work[: len(fleet)]
         got, want = new._costs(req, fleet, priced), old._costs(req, fleet, priced)
         assert _same(got[0], want[0]) and _same(got[1], want[1])
-        assert all(v.load_terms is not None and v.load_terms.model is new.load for v in fleet)
+        assert all(v.load_terms is not None and v.load_terms[0] is new.load for v in fleet)
         assert new.choose(req, fleet) == old.choose(req, fleet)
         assert new._last == old._last
 
@@ -102,7 +104,7 @@ def test_costs_from_kept_terms_are_the_estimate_per_candidate(
 def test_terms_are_of_the_view_alone_and_never_copied_to_another(
     view: InstanceView, model: LoadModel, max_tokens: int | None
 ) -> None:
-    view.load_terms = terms(view, model)
+    view.load_terms = view_terms(view, model)
     other = replace(view, inflight=view.inflight + 1)
     assert other.load_terms is None  # a changed copy is priced afresh
     assert other == replace(view, inflight=view.inflight + 1) and view == replace(view)

@@ -12,7 +12,7 @@ adds (a running request must free blocks, or one is preempted and prefilled agai
 one request, not a slower prefill of the whole queue); ``batch_i`` spreads a burst of cache hits or
 tiny prompts evenly. ``estimate`` computes it all in one flat pass; the small functions below spell
 the formula out term by term, and a property test holds the two equal. Most of it depends on the
-view alone: ``terms`` computes that part once per view (a kept view is priced by many dispatches),
+view alone: ``view_terms`` computes that part once per view (a kept view is priced by many dispatches),
 and the policy adds the request's own part (a property test holds it equal to ``estimate``).
 Each term's reasons and measurements: benchmarks/README.md, "Design notes moved from the code".
 """
@@ -20,14 +20,13 @@ Each term's reasons and measurements: benchmarks/README.md, "Design notes moved 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from .types import InstanceView
 
 __all__ = [
     "DEFAULT_LOAD",
     "LoadModel",
-    "Terms",
+    "ViewTerms",
     "batch_factor",
     "decode_seconds",
     "estimate",
@@ -38,7 +37,7 @@ __all__ = [
     "kv_wait",
     "queued_tokens",
     "slowdown",
-    "terms",
+    "view_terms",
 ]
 
 
@@ -117,23 +116,17 @@ def estimate(
     return ttft, ttft + horizon * tpot * batch
 
 
-class Terms(NamedTuple):
-    """What ``estimate`` computes from a view alone, for one load model. A request costing ``P``
-    prefill tokens there is expected to take ``base + (queued + P) * per_token + kv`` seconds to its
-    first token, and ``horizon(max_tokens) * tpot * batch`` more to its end when ``tpot`` is not 0
-    (the same operations in the same order as ``estimate``, so the same floats)."""
-
-    model: LoadModel
-    queued: float
-    per_token: float
-    base: float
-    kv: float  # kv_wait (0.0 below the threshold)
-    tpot: float  # the decode pace, 0.0 when unknown (no decode term)
-    batch: float
+#: What ``estimate`` computes from a view alone, for one load model: ``(model, queued, per_token,
+#: base, kv, tpot, batch)``. A request costing ``P`` prefill tokens there is expected to take
+#: ``base + (queued + P) * per_token + kv`` seconds to its first token (``kv``: the KV wait, 0.0
+#: below the threshold), and ``horizon(max_tokens) * tpot * batch`` more to its end unless ``tpot``
+#: (the decode pace) is 0.0, unknown: the same operations in the same order as ``estimate``, so the
+#: same floats. A plain tuple: it is built for every view a dispatch prices afresh.
+ViewTerms = tuple[LoadModel, float, float, float, float, float, float]
 
 
-def terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> Terms:
-    """The part of ``estimate`` that depends on ``view`` and ``model`` alone (see ``Terms``)."""
+def view_terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> ViewTerms:
+    """The part of ``estimate`` that depends on ``view`` and ``model`` alone (``ViewTerms``)."""
     booked_work = view.prefill_work
     if booked_work is not None:
         queued = float(booked_work) if booked_work > 0 else 0.0
@@ -176,7 +169,7 @@ def terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> Terms:
         wait = model.kv_penalty * over * over * one
     ref = model.decode_batch_ref
     batch = 1.0 + n / ref if ref > 0 else 1.0
-    return Terms(model, queued, per_token, base if base > 0.0 else 0.0, wait, tpot, batch)
+    return (model, queued, per_token, base if base > 0.0 else 0.0, wait, tpot, batch)
 
 
 def horizon(max_tokens: int | None, model: LoadModel = DEFAULT_LOAD) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal, Protocol, get_args
 
 if TYPE_CHECKING:
-    from .load import Terms
+    from .load import ViewTerms
 
 #: An instance's channel: any request, long inputs only, or short ones only.
 Role = Literal["any", "long", "short"]
@@ -92,9 +92,9 @@ class InstanceView:
     overflow: bool = False  # the optional overflow channel, used only when primaries are full
     cache: CacheView | None = None  # its prefix cache; None: nothing known (no hit expected)
     prefill_work: int | None = None  # expected uncached prefill of ours with no first token yet
-    # What the load estimate computes from this view alone (``load.terms``), set by the first policy
+    # What the load estimate computes from this view alone (``load.view_terms``), set by the first policy
     # that prices it: a view never changes once built, and a kept one is priced by many dispatches.
-    load_terms: Terms | None = field(default=None, init=False, compare=False, repr=False)
+    load_terms: ViewTerms | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def has_room(self) -> bool:
