@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .types import InstanceView
+from .types import InstanceView, ViewTerms
 
 __all__ = [
     "DEFAULT_LOAD",
     "LoadModel",
-    "ViewTerms",
     "batch_factor",
     "decode_seconds",
     "estimate",
@@ -116,17 +115,13 @@ def estimate(
     return ttft, ttft + horizon * tpot * batch
 
 
-#: What ``estimate`` computes from a view alone, for one load model: ``(model, queued, per_token,
-#: base, kv, tpot, batch)``. A request costing ``P`` prefill tokens there is expected to take
-#: ``base + (queued + P) * per_token + kv`` seconds to its first token (``kv``: the KV wait, 0.0
-#: below the threshold), and ``horizon(max_tokens) * tpot * batch`` more to its end unless ``tpot``
-#: (the decode pace) is 0.0, unknown: the same operations in the same order as ``estimate``, so the
-#: same floats. A plain tuple: it is built for every view a dispatch prices afresh.
-ViewTerms = tuple[LoadModel, float, float, float, float, float, float]
-
-
 def view_terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> ViewTerms:
-    """The part of ``estimate`` that depends on ``view`` and ``model`` alone (``ViewTerms``)."""
+    """The part of ``estimate`` that depends on ``view`` and ``model`` alone: ``(model, queued,
+    per_token, base, kv, tpot, batch)``. A request costing ``P`` prefill tokens there is expected
+    to take ``base + (queued + P) * per_token + kv`` seconds to its first token (``kv``: the KV
+    wait, 0.0 below the threshold), and ``horizon(max_tokens) * tpot * batch`` more to its end
+    unless ``tpot`` (the decode pace) is 0.0, unknown: the same operations in the same order as
+    ``estimate``, so the same floats. A plain tuple: it is built for each view priced afresh."""
     booked_work = view.prefill_work
     if booked_work is not None:
         queued = float(booked_work) if booked_work > 0 else 0.0

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal, Protocol, get_args
-
-if TYPE_CHECKING:
-    from .load import ViewTerms
+from typing import Final, Literal, Protocol, get_args
 
 #: An instance's channel: any request, long inputs only, or short ones only.
 Role = Literal["any", "long", "short"]
@@ -69,6 +66,11 @@ class CacheView(Protocol):
     def inflight(self, key: int) -> int:
         """Our requests with this prefix key there now (sent, not finished)."""
         ...
+
+
+#: What the load estimate computes from a view alone (``load.view_terms``): the load model it was
+#: computed for (compared by identity), then ``queued, per_token, base, kv, tpot, batch``.
+ViewTerms = tuple[object, float, float, float, float, float, float]
 
 
 @dataclass(slots=True)
