@@ -40,9 +40,11 @@ class _Entry:
     computed: bool = False  # the engine has computed it (evidence seen since it entered the model)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ticket:
-    """What one dispatch put into the model, to take it out again when the request ends."""
+    """What one dispatch put into the model, to take it out again when the request ends. Never
+    changed once built; not ``frozen``, which would set each field through ``object.__setattr__``
+    (one is built for every dispatch)."""
 
     key: int | None
     anon: int

@@ -116,7 +116,7 @@ class Instance:
         # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
         self._assume_up = assume_up
         self._up = assume_up  # ``up``, and the breaker CLOSED: kept by their moves for the view
-        self._closed = True
+        self.breaker_closed = True  # ``breaker.closed``, kept by its moves (read per dispatch)
         self._models: frozenset[str] = frozenset()
         self._draining = False
         self._inflight = 0
@@ -154,7 +154,7 @@ class Instance:
         self._view = None
 
     def _breaker_moved(self) -> None:
-        self._closed = self.breaker.closed
+        self.breaker_closed = self.breaker.closed
         self._view = None
 
     @property
@@ -343,7 +343,7 @@ class Instance:
         else:
             engine = self.engine_stats(now)
             ref = self._stats_at if engine is not None else -math.inf  # (-inf: rebuilt every time)
-        closed = self._closed
+        closed = self.breaker_closed
         available = self._up and not self._draining and (closed or self.breaker.allows(now))
         spec = self.spec
         inflight = self._inflight
