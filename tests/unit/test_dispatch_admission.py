@@ -169,7 +169,7 @@ def _decide_as_filters(
         eligible, fallback = primaries, True
     room = [v for v in eligible if v.has_room]
     if room:
-        send = policy.choose(req, room, [v.name for v in eligible])
+        send = policy.choose(req, room)  # (it handed the policy the eligible names too: none reads them)
         if send is not None:
             return replace(send, channel_fallback=True) if fallback else send
     overflow = [v for v in usable if v.overflow]

@@ -56,7 +56,7 @@ class Sim:
         ]
 
     def send(self, lb: LeastBusy, req: RequestFacts) -> str:
-        choice = lb.choose(req, self.views(), NAMES)
+        choice = lb.choose(req, self.views())
         assert choice is not None and choice.work is not None
         self.inflight[choice.instance] += 1
         self.work[choice.instance] += choice.work
@@ -80,7 +80,7 @@ def req(key: int | None, prompt: int = 4096, prefix: int = 4000) -> RequestFacts
 
 def test_a_never_seen_key_is_no_hit_anywhere() -> None:
     sim = Sim()
-    choice = LeastBusy(affinity=True).choose(req(5), sim.views(), NAMES)
+    choice = LeastBusy(affinity=True).choose(req(5), sim.views())
     assert choice is not None and choice.reason == "least_load" and choice.work == 4096
 
 
@@ -177,7 +177,7 @@ def test_a_holder_keeps_its_prefix_until_it_costs_a_quarter_more_than_the_best()
             InstanceView("a", speed=10_000.0, cache=holder, prefill_work=queued),
             InstanceView("b", speed=10_000.0, cache=empty),
         ]
-        choice = lb.choose(req(7), views, ["a", "b"])
+        choice = lb.choose(req(7), views)
         assert choice is not None
         return choice.instance
 
@@ -218,7 +218,7 @@ def test_property_the_pick_is_the_cheapest_given_its_cache(
     ]
     lb = LeastBusy(affinity=True)
     facts = req(key, prompt, min(prefix, prompt))
-    choice = lb.choose(facts, views, NAMES)
+    choice = lb.choose(facts, views)
     assert choice is not None
 
     hits = {v.name: v.cache.hit(facts) for v in views if v.cache is not None}

@@ -35,7 +35,7 @@ def test_a_receipt_names_the_pick_the_runner_up_and_the_evidence() -> None:
         InstanceView("b", cache=ModelView(PrefixCacheModel())),
     ]
     lb = LeastBusy(affinity=True)
-    send = lb.choose(REQ, views, ["a", "b"])
+    send = lb.choose(REQ, views)
     assert send is not None and send.instance == "a"
     line = explain(REQ, views, send, lb, {"a": "computed", "b": "none"})
     chosen, runner = line.split("; runner-up ")
@@ -56,7 +56,7 @@ def test_an_overflow_pick_says_so() -> None:
 def test_property_bounded_ascii_one_line(names: list[str], work: int) -> None:
     views = [InstanceView(n, prefill_work=work, speed=1e-3) for n in names]
     lb = LeastBusy()
-    send = lb.choose(REQ, views, names)
+    send = lb.choose(REQ, views)
     assert send is not None
     line = explain(REQ, views, send, lb, {})
     assert len(line) <= MAX_CHARS and line.isascii() and "\n" not in line and "\r" not in line

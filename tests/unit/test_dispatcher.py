@@ -84,7 +84,7 @@ def test_dispatch_sees_how_much_of_each_instance_s_booked_work_the_cache_leaves(
     class Spy:
         name = "spy"
 
-        def choose(self, req: RequestFacts, candidates: Any, peers: Any = ()) -> Send | None:
+        def choose(self, req: RequestFacts, candidates: Any) -> Send | None:
             seen.append({v.name: v.uncached_ratio for v in candidates})
             return Send(candidates[0].name, "least_load")
 

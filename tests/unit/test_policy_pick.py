@@ -1,5 +1,6 @@
 """``LeastBusy._pick`` finds the near-ties and the fewest in flight among them in one pass; it picks
-as the filters it replaced did (``_FilterPick``, kept here as the reference), rotation included."""
+as the filters it replaced did (``_FilterPick``, kept here as the reference), rotation included
+(``_rotate``, one pass, names as ``_next_after`` over the sorted names)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.dispatch.affinity import rendezvous
-from taogate.dispatch.policy import LeastBusy, _next_after
+from taogate.dispatch.policy import LeastBusy, _next_after, _rotate
 from taogate.dispatch.types import InstanceView
 
 
@@ -68,3 +69,19 @@ def test_one_pass_picks_as_the_filters(
         ttfts = [t for _, _, t in row]
         assert one._pick(views, costs, ttfts, key) == filters._pick(views, costs, ttfts, key)
         assert one._last == filters._last
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    names=st.lists(st.sampled_from(["a", "b", "b2", "c", "i10", "i2"]), min_size=1, max_size=6),
+    picks=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+    last=st.none() | st.sampled_from(["", "a", "b", "b1", "c", "i1", "i10", "z"]),
+)
+def test_rotation_in_one_pass_names_as_the_sorted_names(
+    names: list[str], picks: list[int], last: str | None
+) -> None:
+    views = [InstanceView(n) for n in names]
+    at = sorted({p % len(names) for p in picks})
+    at_names = [names[j] for j in at]
+    want = at[at_names.index(_next_after(at_names, last))]  # the first of equal names, as _pick took it
+    assert _rotate(views, at, last) == want

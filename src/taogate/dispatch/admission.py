@@ -29,38 +29,41 @@ def decide(
 ) -> Decision:
     """Send, Wait or Refuse for ``req`` over the fleet snapshot ``views`` (see the module docstring).
 
-    One pass over the views sorts them as ``candidates`` does (it runs for every request)."""
+    One pass over the views sorts them as ``candidates`` does (it runs for every request); the
+    primaries of the other channel are gathered only when the request's own has none."""
     model = req.model
     own = ("long", "any") if req.long else ("short", "any")
     listed = served = False  # some instance has listed its models; some serves this one
-    usable: list[InstanceView] = []
-    primaries: list[InstanceView] = []
-    eligible: list[InstanceView] = []
+    eligible = primary = False  # some usable primary in the request's channel; in any channel
+    room: list[InstanceView] = []  # the eligible ones below their cap
+    overflow: list[InstanceView] = []
     for v in views:
         models = v.models
-        serves = model is None or not models or model in models
         if models:
             listed = True
-        if serves:
-            served = True
-            if v.available and v.name not in exclude:
-                usable.append(v)
-                if not v.overflow:
-                    primaries.append(v)
-                    if v.role in own:
-                        eligible.append(v)
+            if model is not None and model not in models:
+                continue
+        served = True
+        if v.available and v.name not in exclude:
+            if v.overflow:
+                overflow.append(v)
+            else:
+                primary = True
+                if v.role in own:
+                    eligible = True
+                    if v.inflight < v.cap:
+                        room.append(v)
     if model is not None and listed and not served:
         return Refuse("model_not_found")
-    fallback = not eligible and bool(primaries)
+    fallback = not eligible and primary
     if fallback:
-        eligible = primaries
-    room = [v for v in eligible if v.inflight < v.cap]
+        eligible = True
+        room = [v for v in views if _usable(v, model, exclude) and not v.overflow and v.inflight < v.cap]
     if room:
-        send = policy.choose(req, room, [v.name for v in eligible])
+        send = policy.choose(req, room)
         if send is not None:
             return replace(send, channel_fallback=True) if fallback else send
 
-    overflow = [v for v in usable if v.overflow]
     spare = [v for v in overflow if v.has_room]
     if spare:
         target = max(spare, key=lambda v: (v.cap - v.inflight, v.name))
@@ -68,6 +71,11 @@ def decide(
     if eligible or overflow:
         return Wait()
     return Refuse("no_instance")
+
+
+def _usable(v: InstanceView, model: str | None, exclude: Collection[str]) -> bool:
+    """Available, serving ``model``, not excluded."""
+    return v.available and v.serves(model) and v.name not in exclude
 
 
 def _channel(req: RequestFacts, usable: Sequence[InstanceView]) -> tuple[list[InstanceView], bool]:
@@ -84,7 +92,7 @@ def candidates(
     req: RequestFacts, views: Sequence[InstanceView], exclude: Collection[str] = frozenset()
 ) -> list[InstanceView]:
     """The instances ``decide`` hands to the policy for ``req``: eligible, in its channel, with room."""
-    usable = [v for v in views if v.available and v.serves(req.model) and v.name not in exclude]
+    usable = [v for v in views if _usable(v, req.model, exclude)]
     return [v for v in _channel(req, usable)[0] if v.has_room]
 
 

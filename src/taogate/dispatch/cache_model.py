@@ -40,9 +40,11 @@ class _Entry:
     computed: bool = False  # the engine has computed it (evidence seen since it entered the model)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ticket:
-    """What one dispatch put into the model, to take it out again when the request ends."""
+    """What one dispatch put into the model, to take it out again when the request ends. Never
+    changed once built; not ``frozen``, which would set each field through ``object.__setattr__``
+    (one is built for every dispatch)."""
 
     key: int | None
     anon: int
@@ -154,11 +156,16 @@ class PrefixCacheModel:
     ) -> Ticket:
         """A request sent here: its prefix and the rest now occupy the cache, pinned while it runs."""
         if key is None:  # most requests: no prefix, only the rest (one flat pass, the same state)
-            rest = -(-(max(0, prompt_tokens - prefix_tokens) + max(0, output_tokens)) // self.block_size)
+            tokens = prompt_tokens - prefix_tokens
+            if tokens < 0:  # noqa: PLR1730 (max() is a call: this runs per dispatch)
+                tokens = 0
+            if output_tokens > 0:
+                tokens += output_tokens
+            rest = -(-tokens // self.block_size)
             anon = -next(self._anon)
             entries = self._entries
             if rest:
-                entries[anon] = _Entry(rest, False, pinned=1, uses=1)
+                entries[anon] = _Entry(rest, False, 1, 1)
                 self.used += rest
             if self.used > self.capacity or len(entries) > self.capacity:
                 self._evict()
@@ -198,7 +205,8 @@ class PrefixCacheModel:
         if ticket.key is None:  # no prefix: its rest alone (one flat pass, the same state)
             entry = entries.get(ticket.anon)
             if entry is not None:
-                entry.pinned = max(0, entry.pinned - 1)
+                pinned = entry.pinned
+                entry.pinned = pinned - 1 if pinned > 0 else 0
                 entries.move_to_end(ticket.anon)
             if self.used > self.capacity or len(entries) > self.capacity:
                 self._evict()

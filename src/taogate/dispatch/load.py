@@ -10,17 +10,18 @@ the same work more slowly. For a request costing ``P`` prefill tokens on instanc
 ``slow_i`` grows with the decodes sharing each step; ``kv_i`` is the wait a nearly full KV cache
 adds (a running request must free blocks, or one is preempted and prefilled again: a wait of about
 one request, not a slower prefill of the whole queue); ``batch_i`` spreads a burst of cache hits or
-tiny prompts evenly. ``estimate`` computes it all in one flat pass
-(it runs for every candidate of every request); the small functions below spell the formula out
-term by term, and a property test holds the two equal. Each term's reasons and measurements:
-benchmarks/README.md, "Design notes moved from the code".
+tiny prompts evenly. ``estimate`` computes it all in one flat pass; the small functions below spell
+the formula out term by term, and a property test holds the two equal. Most of it depends on the
+view alone: ``view_terms`` computes that part once per view (a kept view is priced by many dispatches),
+and the policy adds the request's own part (a property test holds it equal to ``estimate``).
+Each term's reasons and measurements: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .types import InstanceView
+from .types import InstanceView, ViewTerms
 
 __all__ = [
     "DEFAULT_LOAD",
@@ -31,9 +32,11 @@ __all__ = [
     "expected_latency",
     "expected_prefill",
     "expected_ttft",
+    "horizon",
     "kv_wait",
     "queued_tokens",
     "slowdown",
+    "view_terms",
 ]
 
 
@@ -110,6 +113,66 @@ def estimate(
     ref = model.decode_batch_ref
     batch = 1.0 + n / ref if ref > 0 else 1.0
     return ttft, ttft + horizon * tpot * batch
+
+
+def view_terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> ViewTerms:
+    """The part of ``estimate`` that depends on ``view`` and ``model`` alone: ``(model, queued,
+    per_token, base, kv, tpot, batch)``. A request costing ``P`` prefill tokens there is expected
+    to take ``base + (queued + P) * per_token + kv`` seconds to its first token (``kv``: the KV
+    wait, 0.0 below the threshold), and ``horizon(max_tokens) * tpot * batch`` more to its end
+    unless ``tpot`` (the decode pace) is 0.0, unknown: the same operations in the same order as
+    ``estimate``, so the same floats. A plain tuple: it is built for each view priced afresh."""
+    booked_work = view.prefill_work
+    if booked_work is not None:
+        queued = float(booked_work) if booked_work > 0 else 0.0
+    else:
+        ratio = view.uncached_ratio
+        ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
+        booked = view.prefill_tokens
+        queued = booked * ratio if booked > 0 else 0.0
+    decoding = view.decoding
+    running = float(decoding) if decoding > 0 else 0.0
+    inflight = view.inflight
+    n = float(inflight) if inflight > 0 else 0.0
+    kv = None
+    engine = view.engine
+    if engine is not None:
+        prefilling = view.prefilling
+        own = (inflight - decoding) if prefilling is None else prefilling
+        foreign = engine.waiting - (own if own > 0 else 0)
+        if foreign > 0:
+            queued += foreign * model.typical_prompt_tokens
+        if engine.running > running:  # noqa: PLR1730 (as in estimate)
+            running = engine.running
+        kv = engine.kv_usage
+        if engine.running + engine.waiting > n:  # noqa: PLR1730
+            n = engine.running + engine.waiting
+    factor = 1.0 + model.decode_weight * running / model.step_tokens
+    base = view.base_latency
+    speed = view.speed
+    per_token = factor / (speed if speed > 1e-9 else 1e-9)
+    tpot = view.decode_seconds_per_token
+    if not tpot > 0.0:
+        tpot = 0.0
+    wait = 0.0
+    if kv is not None and kv > model.kv_threshold:
+        over = (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold)
+        over = 1.0 if over > 1.0 else over
+        one = model.typical_prompt_tokens * per_token
+        if tpot > 0.0:
+            one += model.decode_horizon * tpot
+        wait = model.kv_penalty * over * over * one
+    ref = model.decode_batch_ref
+    batch = 1.0 + n / ref if ref > 0 else 1.0
+    return (model, queued, per_token, base if base > 0.0 else 0.0, wait, tpot, batch)
+
+
+def horizon(max_tokens: int | None, model: LoadModel = DEFAULT_LOAD) -> int:
+    """Output tokens ``estimate`` counts for a request with this ``max_tokens``."""
+    horizon = model.decode_horizon
+    if max_tokens is not None and max_tokens < horizon:
+        horizon = max_tokens if max_tokens > 0 else 0
+    return horizon
 
 
 def queued_tokens(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:

@@ -23,25 +23,19 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .affinity import rendezvous
-from .load import DEFAULT_LOAD, LoadModel, estimate
+from .load import DEFAULT_LOAD, LoadModel, horizon, view_terms
 from .types import STRATEGIES, InstanceView, RequestFacts, Send
 
 __all__ = ["STRATEGIES", "LeastBusy", "LeastRequests", "Policy", "RoundRobin", "make_policy"]
 
 
 class Policy(Protocol):
-    """Pick one of ``candidates`` (eligible and with room), or None to decline.
-
-    ``peers`` names every eligible instance, with room or not (defaults to the candidates); policies
-    that map keys to instances range over it so the mapping stays put while an instance is full.
-    """
+    """Pick one of ``candidates`` (eligible and with room), or None to decline."""
 
     @property
     def name(self) -> str: ...
 
-    def choose(
-        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
-    ) -> Send | None: ...
+    def choose(self, req: RequestFacts, candidates: Sequence[InstanceView]) -> Send | None: ...
 
 
 def _next_after(names: Sequence[str], last: str | None) -> str:
@@ -52,6 +46,20 @@ def _next_after(names: Sequence[str], last: str | None) -> str:
             if name > last:
                 return name
     return ordered[0]
+
+
+def _rotate(candidates: Sequence[InstanceView], at: Sequence[int], last: str | None) -> int:
+    """The index in ``at`` whose candidate ``_next_after`` names (the first of equal names): the
+    name after ``last`` in sorted order, wrapping around, found in one pass without sorting."""
+    first = after = -1
+    first_name = after_name = ""
+    for j in at:
+        name = candidates[j].name
+        if first < 0 or name < first_name:
+            first, first_name = j, name
+        if last is not None and name > last and (after < 0 or name < after_name):
+            after, after_name = j, name
+    return after if after >= 0 else first
 
 
 def _following(key: int | None, view: InstanceView) -> bool:
@@ -70,9 +78,7 @@ class RoundRobin:
     def name(self) -> str:
         return "round_robin"
 
-    def choose(
-        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
-    ) -> Send | None:
+    def choose(self, req: RequestFacts, candidates: Sequence[InstanceView]) -> Send | None:
         if not candidates:
             return None
         self._last = _next_after([v.name for v in candidates], self._last)
@@ -89,9 +95,7 @@ class LeastRequests:
     def name(self) -> str:
         return "least_requests"
 
-    def choose(
-        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
-    ) -> Send | None:
+    def choose(self, req: RequestFacts, candidates: Sequence[InstanceView]) -> Send | None:
         if not candidates:
             return None
         fewest = min(v.inflight for v in candidates)
@@ -138,42 +142,46 @@ class LeastBusy:
         i = costs.index(best)
         widen = 1.0 + self.tie_ratio
         cost_limit, ttft_limit = best * widen, ttfts[i] * widen
-        # One pass: the near-ties, and among them those with the fewest requests in flight.
+        # One pass: the near-ties, and among them the indices of those with the fewest in flight.
         tied = 0
         fewest = -1
-        names: list[str] = []
         at: list[int] = []
         for j, v in enumerate(candidates):
             if costs[j] <= cost_limit and ttfts[j] <= ttft_limit:
                 tied += 1
                 n = v.inflight
                 if tied == 1 or n < fewest:
-                    fewest, names, at = n, [v.name], [j]
+                    fewest, at = n, [j]
                 elif n == fewest:
-                    names.append(v.name)
                     at.append(j)
         if tied > 1:
-            if len(names) == 1:
-                name = names[0]
+            if len(at) == 1:
+                i = at[0]
             elif key is not None:
-                name = rendezvous(key, names) or names[0]
+                names = [candidates[j].name for j in at]
+                i = at[names.index(rendezvous(key, names) or names[0])]
             else:
-                name = _next_after(names, self._last)
-            i = at[names.index(name)]
+                i = _rotate(candidates, at, self._last)
         self._last = candidates[i].name
         return i
 
     def _costs(
         self, req: RequestFacts, candidates: Sequence[InstanceView], work: Sequence[float]
     ) -> tuple[list[float], list[float]]:
-        """(expected latency, expected TTFT) of ``req`` on each candidate, given its prefill there."""
-        max_tokens, load = req.max_tokens, self.load
+        """(expected latency, expected TTFT) of ``req`` on each candidate, given its prefill there:
+        ``load.estimate``, from each view's ``load_terms`` (computed once per view and load model)."""
+        load = self.load
+        decode = horizon(req.max_tokens, load)
         costs: list[float] = []
         ttfts: list[float] = []
         for v, w in zip(candidates, work, strict=True):
-            ttft, latency = estimate(v, w, max_tokens, load)
+            t = v.load_terms
+            if t is None or t[0] is not load:
+                t = v.load_terms = view_terms(v, load)
+            _, queued, per_token, base, kv, tpot, batch = t
+            ttft = base + (queued + (w if w > 0 else 0.0)) * per_token + kv
             ttfts.append(ttft)
-            costs.append(latency)
+            costs.append(ttft + decode * tpot * batch if tpot else ttft)
         return costs, ttfts
 
     @staticmethod
@@ -222,15 +230,16 @@ class LeastBusy:
         keyless = req.prefix_key is None and req.blocks is None
         return self.affinity and not keyless and any(v.cache is not None for v in candidates)
 
-    def choose(
-        self, req: RequestFacts, candidates: Sequence[InstanceView], peers: Sequence[str] = ()
-    ) -> Send | None:
+    def choose(self, req: RequestFacts, candidates: Sequence[InstanceView]) -> Send | None:
         if not candidates:
             return None
         prompt = req.prompt_tokens
         # Most requests have no prefix to place: that is known before looking at any candidate's cache.
         keyless = req.prefix_key is None and req.blocks is None
         if not self.affinity or keyless or not any(v.cache is not None for v in candidates):
+            if len(candidates) == 1:  # nothing to rank: what ``_pick`` returns for one, unpriced
+                self._last = candidates[0].name
+                return Send(self._last, "least_load", work=prompt)
             costs, ttfts = self._costs(req, candidates, [prompt] * len(candidates))
             best = candidates[self._pick(candidates, costs, ttfts)]
             return Send(best.name, "least_load", work=prompt)

@@ -4,9 +4,9 @@ The gateway snapshots its live instance state into ``InstanceView`` records and 
 request into ``RequestFacts``; every decision (which instance, wait, refuse) is a pure function of
 those, so it is unit- and property-tested without a network.
 
-The per-request records are built fresh for every decision and never changed after; they are not
-``frozen`` only because a frozen dataclass sets each field through ``object.__setattr__``, which
-made building a view far costlier (measured: benchmarks/overhead.py).
+The records are never changed once built (but for a view's memo of its load terms, a pure function
+of its fields); they are not ``frozen`` only because a frozen dataclass sets each field through
+``object.__setattr__``, which made building a view far costlier (measured: benchmarks/overhead.py).
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ class CacheView(Protocol):
         ...
 
 
+#: What the load estimate computes from a view alone (``load.view_terms``): the load model it was
+#: computed for (compared by identity), then ``queued, per_token, base, kv, tpot, batch``.
+ViewTerms = tuple[object, float, float, float, float, float, float]
+
+
 @dataclass(slots=True)
 class InstanceView:
     """One instance as the dispatcher sees it at one moment."""
@@ -89,6 +94,9 @@ class InstanceView:
     overflow: bool = False  # the optional overflow channel, used only when primaries are full
     cache: CacheView | None = None  # its prefix cache; None: nothing known (no hit expected)
     prefill_work: int | None = None  # expected uncached prefill of ours with no first token yet
+    # What the load estimate computes from this view alone (``load.view_terms``), set by the first policy
+    # that prices it: a view never changes once built, and a kept one is priced by many dispatches.
+    load_terms: ViewTerms | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def has_room(self) -> bool:

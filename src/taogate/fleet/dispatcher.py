@@ -145,7 +145,7 @@ class Dispatcher:
             receipt = self._receipt(facts, views, decision, exclude) if facts.receipt else None
             inst = self.fleet.get(decision.instance)
             self.fair.charge(facts.tenant, facts.prompt_tokens)
-            trial = inst.breaker.on_dispatch(now)
+            trial = False if inst.breaker_closed else inst.breaker.on_dispatch(now)  # CLOSED: no trial
             ticket = inst.cache.dispatched(facts) if self.fleet.caching and inst.cache.caching else None
             lease = Lease(
                 inst,

@@ -116,7 +116,7 @@ class Instance:
         # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
         self._assume_up = assume_up
         self._up = assume_up  # ``up``, and the breaker CLOSED: kept by their moves for the view
-        self._closed = True
+        self.breaker_closed = True  # ``breaker.closed``, kept by its moves (read per dispatch)
         self._models: frozenset[str] = frozenset()
         self._draining = False
         self._inflight = 0
@@ -124,7 +124,9 @@ class Instance:
         self._prefill_tokens = 0
         self._prefill_work = 0  # expected uncached prefill of those tokens (the leases' ``work``)
         self.cache = InstanceCache()  # its prefix cache: modelled, and indexed from KV events if any
-        self.pending: dict[PendingRequest, None] = {}  # leases without a first token, oldest first
+        # Leases without a first token, oldest first, each with what the speed bound reads of it
+        # (its work with ours ahead, when it was sent, streamed, max_tokens): read once, at booking.
+        self.pending: dict[PendingRequest, tuple[int, float, bool, int | None]] = {}
         self.engine: EngineSample | None = None
         self.engine_prev: EngineSample | None = None  # the scrape before, for counter deltas
         self._engine_stats: EngineStats | None = None  # what dispatch may use of the last scrape
@@ -152,7 +154,7 @@ class Instance:
         self._view = None
 
     def _breaker_moved(self) -> None:
-        self._closed = self.breaker.closed
+        self.breaker_closed = self.breaker.closed
         self._view = None
 
     @property
@@ -175,7 +177,7 @@ class Instance:
         self._prefilling += 1
         self._prefill_tokens = ahead + tokens
         self._prefill_work += work
-        self.pending[lease] = None
+        self.pending[lease] = (ahead + tokens, lease.sent_at, lease.stream, lease.max_tokens)
         self._view = None
         return ahead
 
@@ -292,17 +294,17 @@ class Instance:
 
     def _pending_bound(self, now: float, decode_seconds_per_token: float, base_latency: float) -> float:
         """``speed_bound(self.waiting(now, ...), base_latency)`` in one flat pass, float for float
-        (a property test holds the two equal): it runs per instance at every TTL under load."""
+        (a property test holds the two equal): it runs per instance at every TTL under load, over
+        what ``book`` kept of each lease."""
         bound = math.inf
-        for lease in self.pending:
-            if lease.stream:
+        for work, sent_at, stream, max_tokens in self.pending.values():
+            if stream:
                 allowance = 0.0
-            elif lease.max_tokens is not None:
-                allowance = lease.max_tokens * decode_seconds_per_token
+            elif max_tokens is not None:
+                allowance = max_tokens * decode_seconds_per_token
             else:
                 continue
-            seconds = now - lease.sent_at - base_latency - allowance
-            work = lease.ahead_tokens + lease.tokens
+            seconds = now - sent_at - base_latency - allowance
             if seconds > 0 and work > 0:
                 one = work / seconds
                 if one < bound:  # noqa: PLR1730 (min() is a call: this runs per pending request)
@@ -341,7 +343,7 @@ class Instance:
         else:
             engine = self.engine_stats(now)
             ref = self._stats_at if engine is not None else -math.inf  # (-inf: rebuilt every time)
-        closed = self._closed
+        closed = self.breaker_closed
         available = self._up and not self._draining and (closed or self.breaker.allows(now))
         spec = self.spec
         inflight = self._inflight

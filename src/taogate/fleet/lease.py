@@ -83,8 +83,9 @@ class Lease:
             return
         self._first = True
         self.instance.prefilled(self, self.tokens, self.work)
-        if self.ticket is not None:  # the engine has computed its prefix: later requests may hit it
-            self.instance.cache.computed(self.ticket)
+        ticket = self.ticket
+        if ticket is not None and ticket.key is not None:  # its prefix computed: later ones may hit it
+            self.instance.cache.computed(ticket)
 
     def release(self) -> None:
         if self._released:
