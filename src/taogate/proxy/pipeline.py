@@ -142,6 +142,7 @@ class Pipeline:
         self.responses = responses
         self.inflight = inflight
         self._prefix = settings.gateway.prefix  # a property that parses base_url: read once
+        self._decided: dict[str, Any] = {}  # pick reason → its decisions counter, this config's strategy
 
     @property
     def in_flight(self) -> int:
@@ -259,7 +260,13 @@ class Pipeline:
             rec.instance = lease.instance.name
             if pick.channel_fallback:
                 rec.channel_fallback = True
-            self.metrics.child(self.metrics.decisions, self.settings.dispatch.strategy, pick.reason).inc()
+            decided = self._decided.get(pick.reason)
+            if decided is None:
+                m = self.metrics
+                decided = self._decided[pick.reason] = m.child(
+                    m.decisions, self.settings.dispatch.strategy, pick.reason
+                )
+            decided.inc()
             ex.attempt, ex.tried = attempt, exclude | {lease.instance.name}
             try:
                 await self._attempt(ex, lease)
