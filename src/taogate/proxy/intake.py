@@ -202,9 +202,10 @@ def _heads(
     return found[0], found[1], found[2], found[3], found[4], found[5]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Incoming:
-    """What the pipeline needs of one request, read once from its headers and body."""
+    """What the pipeline needs of one request, read once from its headers and body (and only read
+    after: not frozen, as a frozen dataclass pays a ``object.__setattr__`` call per field to build)."""
 
     body: bytes  # forwarded verbatim
     model: str | None
