@@ -44,7 +44,7 @@ async def read_body(
             raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    deadlines.start(within)
+    task = deadlines.start(within)
     try:
         while True:
             message = await receive()
@@ -58,12 +58,11 @@ async def read_body(
             if not message.get("more_body", False):
                 break
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if deadlines.expired() and task is not None and task.uncancel() == 0:
+        if deadlines.expired(task) and task.uncancel() == 0:
             raise late(within) from None
         raise
     finally:
-        deadlines.done()
+        deadlines.done(task)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
