@@ -6,10 +6,12 @@ import itertools
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taogate.proxy import usage as usage_module
 from taogate.proxy.relay import Events, EventTooLarge
 from taogate.proxy.usage import UsageTap, usage_of_body
 
@@ -104,3 +106,48 @@ def test_an_event_that_never_ends_is_bounded() -> None:
     events.whole(b"data: " + b"a" * 900)
     with pytest.raises(EventTooLarge):
         events.whole(b"a" * 200)
+
+
+def _cut_out_by_definition(body: bytes, start: int) -> dict[str, Any] | None:
+    """``usage._cut_out`` as first written: both braces searched again at every turn."""
+    while start < len(body) and body[start] in b" \t\r\n":
+        start += 1
+    if body[start : start + 1] != b"{":
+        return None
+    stop = min(len(body), start + usage_module._MAX_USAGE_BYTES)
+    depth = 0
+    at = start
+    for _ in range(2 * usage_module._MAX_NESTED):
+        opening = body.find(b"{", at, stop)
+        closing = body.find(b"}", at, stop)
+        if closing < 0:
+            return None
+        if 0 <= opening < closing:
+            depth += 1
+            at = opening + 1
+            continue
+        depth -= 1
+        at = closing + 1
+        if depth == 0:
+            try:
+                found = orjson.loads(body[start:at])
+            except orjson.JSONDecodeError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"{", b"}", b'"a":1', b",", b" ", b'"b":{}', b"[]", b"x"]), max_size=60),
+    st.integers(0, 3),
+)
+def test_property_the_usage_cut_finds_each_brace_once_and_cuts_what_it_cut(
+    parts: list[bytes], start: int
+) -> None:
+    """Braces kept once found cut out exactly the object the brace-by-brace search did, nesting
+    bound and size bound included."""
+    body = b"".join(parts)
+    assert usage_module._cut_out(body, start) == _cut_out_by_definition(body, start)
+    deep = b"{" * 20 + b"}" * 20
+    assert usage_module._cut_out(deep, 0) == _cut_out_by_definition(deep, 0)

@@ -39,9 +39,10 @@ _CJK = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PromptSize:
-    """What the model will see, as features a linear token rule can weigh."""
+    """What the model will see, as features a linear token rule can weigh. A value, never changed
+    once built (not frozen: that costs an ``object.__setattr__`` call per field, once per request)."""
 
     ascii: int = 0  # ASCII characters (English, code, JSON, whitespace)
     cjk: int = 0  # CJK ideographs, kana, hangul, full-width forms

@@ -58,7 +58,10 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
         self.last_read = 0.0
+        # The read timeout's timer, and when it fires: kept from one reply to the next (a timer that
+        # fires early only re-arms for the time left), so a reply on a warm connection makes none.
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._writable: asyncio.Future[None] | None = None  # set while the transport's buffer is full
         self._interim = False  # parsing a 1xx reply (100 Continue, 103 Early Hints): skipped
         self._extra = False  # a second reply to one request: ignored, the connection not reused
@@ -198,8 +201,7 @@ class Connection(asyncio.Protocol):
         assert parser is not None  # called from feed_data, before any connection_lost
         r.complete = True
         r.keep_alive = r.keep_alive and parser.should_keep_alive()
-        self._cancel_timer()
-        r._wake()
+        r._wake()  # the timer stays, for this connection's next reply (``arm_timer``)
 
     # -- the connection's life -----------------------------------------------------------------
     def send(self, head: bytes, body: bytes) -> Response:
@@ -281,13 +283,25 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def arm_timer(self) -> None:
+        """The read timeout's timer, due by the response's deadline: one already due no later stays
+        (``_check`` re-arms it for the time left when it fires)."""
         timeout = self.pool.limits.read_timeout
-        if self._timer is None and timeout is not None:
-            at = self.loop.time() + timeout
-            r = self.response
-            if r is not None and r.deadline is not None and r.deadline < at:
-                at = r.deadline
-            self._timer = self.loop.call_at(at, self._check)
+        if timeout is None:
+            return
+        at = self.loop.time() + timeout
+        r = self.response
+        if r is not None and r.deadline is not None and r.deadline < at:
+            at = r.deadline
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= at:
+                return
+            timer.cancel()  # due later than this reply allows: a lowered timeout (a reload)
+        self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        self._timer = self.loop.call_at(at, self._check)
+        self._timer_at = at
 
     def rearm_timer(self) -> None:
         """Time again from now (a response's deadline moved earlier)."""
@@ -304,14 +318,14 @@ class Connection(asyncio.Protocol):
             return
         now = self.loop.time()
         if r._waiter is None:
-            self._timer = self.loop.call_at(now + timeout, self._check)
+            self._arm(now + timeout)
             return
         deadline = max(self.last_read, r._wait_started) + timeout
         total = r.deadline
         if total is not None and total < deadline:
             deadline = total
         if now < deadline:
-            self._timer = self.loop.call_at(deadline, self._check)
+            self._arm(deadline)
             return
         where = f"{self.origin.host}:{self.origin.port}"
         if now - max(self.last_read, r._wait_started) >= timeout:
@@ -326,9 +340,8 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
     def release(self) -> None:
-        """The reply was read to its end: back to the pool."""
+        """The reply was read to its end: back to the pool (its timer kept for the next reply)."""
         self.response = None
-        self._cancel_timer()
         if self.closed or not self.reusable or self.transport is None or self.transport.is_closing():
             self.abort()
             return

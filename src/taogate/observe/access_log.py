@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from math import copysign
 from typing import Literal
 
 import orjson
@@ -74,35 +75,36 @@ def _secs(value: float) -> str:
 
 def _text_line(rec: RequestRecord, text: Callable[[str], str] = _text) -> str:
     """The text line: the fields of ``_FIELDS`` in order, those that are None left out. Spelled out
-    field by field, as a loop of getattr and checks cost several times as much (measured:
-    benchmarks/overhead.py); a test holds it to ``_FIELDS``. The request id is already a safe token
-    (``proxy.intake.request_id``), the route one of ours; ``text`` renders the other strings."""
-    line = f"request_id={rec.request_id} route={rec.route}"
-    if rec.key is not None:  # a configured name: already a safe token
-        line += f" key={rec.key}"
-    if rec.model is not None:
-        line += f" model={text(rec.model)}"
-    if rec.tag is not None:
-        line += f" tag={text(rec.tag)}"
-    if rec.instance is not None:
-        line += f" instance={text(rec.instance)}"
-    line += f" status={rec.status}"
-    if rec.prompt_tokens is not None:
-        line += f" prompt_tokens={rec.prompt_tokens}"
-    if rec.prompt_tokens_est is not None:
-        line += f" prompt_tokens_est={rec.prompt_tokens_est}"
-    if rec.completion_tokens is not None:
-        line += f" completion_tokens={rec.completion_tokens}"
-    if rec.ttfb is not None:
-        line += f" ttfb={_secs(rec.ttfb)}"
-    line += f" duration={_secs(rec.duration)} queue_wait={_secs(rec.queue_wait)} retries={rec.retries}"
-    if rec.channel_fallback is not None:
-        line += f" channel_fallback={rec.channel_fallback}"
-    if rec.priority is not None:
-        line += f" priority={rec.priority}"
-    if rec.error is not None:
-        line += f" error={text(rec.error)}"
-    return line
+    field by field in one f-string (a loop of getattr and checks, or a string grown field by field,
+    costs more); a test holds it to ``_FIELDS``. The request id is already a safe token
+    (``proxy.intake.request_id``), the route one of ours, a key's name a configured token; ``text``
+    renders the other strings."""
+    key, model, tag, instance = rec.key, rec.model, rec.tag, rec.instance
+    prompt, estimate, completion, ttfb = (
+        rec.prompt_tokens,
+        rec.prompt_tokens_est,
+        rec.completion_tokens,
+        rec.ttfb,
+    )
+    fallback, priority, error, wait = rec.channel_fallback, rec.priority, rec.error, rec.queue_wait
+    return (
+        f"request_id={rec.request_id} route={rec.route}"
+        f"{'' if key is None else ' key=' + key}"
+        f"{'' if model is None else ' model=' + text(model)}"
+        f"{'' if tag is None else ' tag=' + text(tag)}"
+        f"{'' if instance is None else ' instance=' + text(instance)}"
+        f" status={rec.status}"
+        f"{'' if prompt is None else f' prompt_tokens={prompt}'}"
+        f"{'' if estimate is None else f' prompt_tokens_est={estimate}'}"
+        f"{'' if completion is None else f' completion_tokens={completion}'}"
+        f"{'' if ttfb is None else ' ttfb=' + _secs(ttfb)}"
+        f" duration={_secs(rec.duration)}"
+        f" queue_wait={'0.0' if wait == 0.0 and copysign(1.0, wait) > 0 else _secs(wait)}"  # most wait none
+        f" retries={rec.retries}"
+        f"{'' if fallback is None else f' channel_fallback={fallback}'}"
+        f"{'' if priority is None else f' priority={priority}'}"
+        f"{'' if error is None else ' error=' + text(error)}"
+    )
 
 
 #: Strings (models, instances, tags, errors) whose text form an access log keeps, then starts over.

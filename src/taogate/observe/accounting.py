@@ -45,11 +45,14 @@ class Accounting:
         rec.duration = now - rec.started
         m = self.metrics
         child = m.child
-        instance = rec.instance or "none"
+        name = rec.instance
+        instance = name or "none"
         tag = self.long_tag if rec.long else "none"
         model = rec.model if rec.model is not None and rec.model in self.fleet.models else "unknown"
-        status_class = f"{rec.status // 100}xx"
-        child(m.requests, rec.route, model, instance, status_class, tag).inc()
+        status = rec.status
+        status_class = _STATUS_CLASSES.get(status // 100) or f"{status // 100}xx"
+        series = m.series(rec.route, model, instance, status_class, tag)
+        series.requests.inc()
         priority = priority_label(rec.priority or 0)
         child(m.priority_requests, priority, status_class).inc()
         if rec.queue_wait:
@@ -58,23 +61,27 @@ class Accounting:
             child(m.rejections, rec.reject).inc()
         if rec.channel_fallback:
             child(m.channel_fallbacks, "long" if rec.long else "short").inc()
-        if rec.instance is not None:
-            child(m.duration, rec.route, instance, tag).observe(rec.duration)
+        if name is not None:
+            series.duration.observe(rec.duration)
             if rec.ttfb is not None:
-                child(m.ttfb, rec.route, instance, tag).observe(rec.ttfb)
+                series.ttfb.observe(rec.ttfb)
             if rec.prompt_tokens is not None:
-                child(m.prompt_tokens, instance, tag, "usage").inc(rec.prompt_tokens)
-            elif rec.prompt_tokens_est is not None and rec.status < 300:
-                child(m.prompt_tokens, instance, tag, "estimate").inc(rec.prompt_tokens_est)
+                series.prompt_usage.inc(rec.prompt_tokens)
+            elif rec.prompt_tokens_est is not None and status < 300:
+                series.prompt_estimate.inc(rec.prompt_tokens_est)
             if rec.completion_tokens:
-                child(m.completion_tokens, instance).inc(rec.completion_tokens)
-            inst = self.fleet.find(rec.instance)
+                series.completion.inc(rec.completion_tokens)
+            inst = self.fleet.find(name)
             if inst is not None:
                 inst.window.record(
                     now,
-                    ok=rec.status < 500,
+                    ok=status < 500,
                     prompt_tokens=rec.prompt_tokens or rec.prompt_tokens_est or 0,
                     completion_tokens=rec.completion_tokens or 0,
                     ttft=rec.ttfb,
                 )
         self.access.emit(rec)
+
+
+#: ``"2xx"`` and the like, for the status classes HTTP has.
+_STATUS_CLASSES = {n: f"{n}xx" for n in range(1, 6)}

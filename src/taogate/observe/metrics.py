@@ -20,7 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from taogate.fleet.engine import hit_rate
-from taogate.observe.plain_metrics import PlainCounter, PlainHistogram
+from taogate.observe.plain_metrics import CounterChild as PlainCounterChild
+from taogate.observe.plain_metrics import HistogramChild, PlainCounter, PlainHistogram
 
 if TYPE_CHECKING:
     from taogate.fleet.dispatcher import Dispatcher
@@ -47,6 +48,7 @@ class GatewayMetrics:
         self.registry = registry
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._metrics: dict[int, Metered] = {}
+        self._series: dict[tuple[str, str, str, str, str], RequestSeries] = {}
         self.requests = PlainCounter(
             "taogate_requests",
             "Requests answered, by route, model, instance, status class and tag.",
@@ -159,15 +161,91 @@ class GatewayMetrics:
             self._metrics[id(metric)] = metric
         return found
 
+    def series(self, route: str, model: str, instance: str, status_class: str, tag: str) -> RequestSeries:
+        """The children one request's accounting updates, for its label values: found with one
+        lookup, and each child resolved through ``child`` the first time it is used."""
+        key = (route, model, instance, status_class, tag)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = RequestSeries(self, key)
+        return found
+
     def forget_instance(self, name: str) -> None:
         """Drop every label set naming an instance that left the fleet (discovery churn would
         otherwise grow /metrics without bound). Per-instance series go through ``child``."""
+        self._series.clear()  # they hold children; rebuilt through ``child`` as requests come
         for key in list(self._children):
             metric = self._metrics[key[0]]
             names: tuple[str, ...] = metric._labelnames  # prometheus_client keeps them here
             if "instance" in names and key[1][names.index("instance")] == name:
                 del self._children[key]
                 metric.remove(*key[1])
+
+
+class RequestSeries:
+    """The children of ``taogate_requests``, the duration and TTFB histograms and the token
+    counters for one (route, model, instance, status class, tag): each resolved when a request
+    first updates it, so a series no request touched is not exposed."""
+
+    __slots__ = (
+        "_completion",
+        "_duration",
+        "_estimate",
+        "_metrics",
+        "_ttfb",
+        "_usage",
+        "instance",
+        "requests",
+        "route",
+        "tag",
+    )
+
+    def __init__(self, metrics: GatewayMetrics, labels: tuple[str, str, str, str, str]) -> None:
+        """``labels``: route, model, instance, status class, tag (``taogate_requests``' own)."""
+        self._metrics = metrics
+        route, _, instance, _, tag = labels
+        self.route, self.instance, self.tag = route, instance, tag
+        self.requests: PlainCounterChild = metrics.child(metrics.requests, *labels)
+        self._duration: HistogramChild | None = None
+        self._ttfb: HistogramChild | None = None
+        self._usage: PlainCounterChild | None = None
+        self._estimate: PlainCounterChild | None = None
+        self._completion: PlainCounterChild | None = None
+
+    @property
+    def duration(self) -> HistogramChild:
+        if self._duration is None:
+            m = self._metrics
+            self._duration = m.child(m.duration, self.route, self.instance, self.tag)
+        return self._duration
+
+    @property
+    def ttfb(self) -> HistogramChild:
+        if self._ttfb is None:
+            m = self._metrics
+            self._ttfb = m.child(m.ttfb, self.route, self.instance, self.tag)
+        return self._ttfb
+
+    @property
+    def prompt_usage(self) -> PlainCounterChild:
+        if self._usage is None:
+            m = self._metrics
+            self._usage = m.child(m.prompt_tokens, self.instance, self.tag, "usage")
+        return self._usage
+
+    @property
+    def prompt_estimate(self) -> PlainCounterChild:
+        if self._estimate is None:
+            m = self._metrics
+            self._estimate = m.child(m.prompt_tokens, self.instance, self.tag, "estimate")
+        return self._estimate
+
+    @property
+    def completion(self) -> PlainCounterChild:
+        if self._completion is None:
+            m = self._metrics
+            self._completion = m.child(m.completion_tokens, self.instance)
+        return self._completion
 
 
 class FleetCollector(Collector):

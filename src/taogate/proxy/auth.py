@@ -33,7 +33,7 @@ class KeyCheck:
 
     def check_request(self, headers: list[tuple[bytes, bytes]], *, either: bool) -> Tenant:
         """Whose key: the unified key, or a named one, as a bearer token, or with ``either`` also as
-        ``x-api-key``."""
+        ``x-api-key``; Unauthorized for any other (or none)."""
         authorization = header(headers, b"authorization")
         api_key = header(headers, b"x-api-key") if either else None
         if authorization is not None and hmac.compare_digest(authorization, self._expected):
@@ -47,30 +47,7 @@ class KeyCheck:
             tenant = self.table.find(presented) if presented else None
             if tenant is not None:
                 return tenant
-        if either:
-            self.check_either(authorization, api_key)
-        else:
-            self.check(authorization)
-        raise AssertionError("unreachable: the unified key's checks raise for any other key")
-
-    def check_either(self, authorization: bytes | None, api_key: bytes | None) -> None:
-        """Raise Unauthorized unless ``x-api-key`` or the bearer token carries the unified key."""
-        if api_key is not None and hmac.compare_digest(api_key, self._key):
-            return
-        if authorization is None and api_key is None:
-            raise Unauthorized(
-                "Missing API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>' with the "
-                "unified key."
-            )
-        if authorization is None or not hmac.compare_digest(authorization, self._expected):
-            raise Unauthorized("Incorrect API key: taogate accepts only its unified key.")
-
-    def check(self, authorization: bytes | None) -> None:
-        """Raise Unauthorized unless the header carries the unified key."""
-        if authorization is None:
-            raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>' with the unified key.")
-        if not hmac.compare_digest(authorization, self._expected):
-            raise Unauthorized("Incorrect API key: taogate accepts only its unified key.")
+        raise _refusal(authorization, api_key, either=either)
 
     def check_admin(self, authorization: bytes | None) -> None:
         if authorization is None or not hmac.compare_digest(authorization, self._admin):
@@ -83,3 +60,17 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
         if k == name:
             return v
     return None
+
+
+def _refusal(authorization: bytes | None, api_key: bytes | None, *, either: bool) -> Unauthorized:
+    """Why a request carrying no accepted key is refused: no key at all, or a wrong one (the
+    messages name the unified key, and with ``either`` both ways of sending it)."""
+    if either:
+        if authorization is None and api_key is None:
+            return Unauthorized(
+                "Missing API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>' with the "
+                "unified key."
+            )
+    elif authorization is None:
+        return Unauthorized("Missing API key: send 'Authorization: Bearer <key>' with the unified key.")
+    return Unauthorized("Incorrect API key: taogate accepts only its unified key.")

@@ -13,8 +13,8 @@ __all__ = ["Deadlines"]
 
 
 class Deadlines:
-    """``start(within)`` in a task, ``done()`` at the end of its wait (whatever the outcome); a task
-    still waiting past its deadline is cancelled, and ``expired()`` then says it was this."""
+    """``start(within)`` in a task, ``done(task)`` at the end of its wait (whatever the outcome); a
+    task still waiting past its deadline is cancelled, and ``expired(task)`` then says it was this."""
 
     __slots__ = ("_due", "_every", "_expired", "_timer")
 
@@ -24,23 +24,22 @@ class Deadlines:
         self._expired: set[asyncio.Task[object]] = set()
         self._timer: asyncio.TimerHandle | None = None
 
-    def start(self, within: float) -> None:
+    def start(self, within: float) -> asyncio.Task[object]:
+        """The current task's wait begins; returns the task, for ``done`` and ``expired``."""
         task = asyncio.current_task()
         assert task is not None, "a deadline belongs to a task"
-        loop = asyncio.get_running_loop()
+        loop = task.get_loop()
         self._due[task] = loop.time() + within
         if self._timer is None:
             self._timer = loop.call_later(min(self._every, within), self._sweep)
+        return task
 
-    def done(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._due.pop(task, None)
+    def done(self, task: asyncio.Task[object]) -> None:
+        self._due.pop(task, None)
 
-    def expired(self) -> bool:
-        """Whether the current task was cancelled for its deadline (asked once, after the cancel)."""
-        task = asyncio.current_task()
-        if task is None or task not in self._expired:
+    def expired(self, task: asyncio.Task[object]) -> bool:
+        """Whether ``task`` was cancelled for its deadline (asked once, after the cancel)."""
+        if task not in self._expired:
             return False
         self._expired.discard(task)
         return True

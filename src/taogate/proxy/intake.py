@@ -44,7 +44,7 @@ async def read_body(
             raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    deadlines.start(within)
+    task = deadlines.start(within)
     try:
         while True:
             message = await receive()
@@ -58,12 +58,11 @@ async def read_body(
             if not message.get("more_body", False):
                 break
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if deadlines.expired() and task is not None and task.uncancel() == 0:
+        if deadlines.expired(task) and task.uncancel() == 0:
             raise late(within) from None
         raise
     finally:
-        deadlines.done()
+        deadlines.done(task)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -178,14 +177,34 @@ def request_facts(
     )
 
 
-def wants_receipt(headers: list[tuple[bytes, bytes]], settings: Settings) -> bool:
-    """``X-Taogate-Route: 1`` on the request, or ``[dispatch] route_receipt`` for every request."""
-    return settings.dispatch.route_receipt or (header(headers, b"x-taogate-route") or b"").strip() == b"1"
+#: The request headers ``Intake.read`` looks at, by their place in what ``_heads`` returns.
+_HEADS: Final = {
+    b"content-encoding": 0,
+    b"content-length": 1,
+    HEADER: 2,
+    VLLM_HEADER: 3,
+    b"x-taogate-route": 4,
+    b"x-request-tag": 5,
+}
 
 
-@dataclass(frozen=True, slots=True)
+def _heads(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None, bytes | None, bytes | None]:
+    """The first value of each of ``_HEADS`` (None where absent), in one pass over the headers:
+    Content-Encoding, Content-Length, X-Priority, X-Vllm-Priority, X-Taogate-Route, X-Request-Tag."""
+    found: list[bytes | None] = [None, None, None, None, None, None]
+    for k, v in headers:
+        at = _HEADS.get(k)
+        if at is not None and found[at] is None:
+            found[at] = v
+    return found[0], found[1], found[2], found[3], found[4], found[5]
+
+
+@dataclass(slots=True)
 class Incoming:
-    """What the pipeline needs of one request, read once from its headers and body."""
+    """What the pipeline needs of one request, read once from its headers and body (and only read
+    after: not frozen, as a frozen dataclass pays a ``object.__setattr__`` call per field to build)."""
 
     body: bytes  # forwarded verbatim
     model: str | None
@@ -230,22 +249,21 @@ class Intake:
         if route.body == "multipart":
             return await self.read_upload(headers, receive, ceiling)
         settings = self._settings
-        encoding = header(headers, b"content-encoding")
+        encoding, length, ours, theirs, receipt, client_tag = _heads(headers)
         if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
             raise UnsupportedEncoding(
                 f"Content-Encoding {encoding.decode('latin-1')[:64]!r} is not accepted: send the JSON "
                 "body uncompressed."
             )
         g = settings.gateway
-        length = header(headers, b"content-length")
         body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
         if route.body == "none":
-            priority = resolve(*self._classes(headers), None, "none", ceiling)[0]
+            priority = resolve(ours, theirs, None, "none", ceiling)[0]
             facts = RequestFacts(None, 1, False, priority=priority)
-            return Incoming(body, None, facts, PromptSize(), self._tag(headers, False))
+            return Incoming(body, None, facts, PromptSize(), self._tag(client_tag, False))
         payload = parse_json_object(body, g.max_json_items)
         model = model_of(route, payload)
-        priority, tell = resolve(*self._classes(headers), payload, route.priority, ceiling)
+        priority, tell = resolve(ours, theirs, payload, route.priority, ceiling)
         with nesting_bound:
             facts, size = request_facts(
                 route,
@@ -256,7 +274,8 @@ class Intake:
                 exact=self._exact,
                 priority=priority,
             )
-            facts.receipt = wants_receipt(headers, settings)
+            # ``X-Taogate-Route: 1`` on the request, or ``[dispatch] route_receipt`` for every request
+            facts.receipt = settings.dispatch.route_receipt or (receipt or b"").strip() == b"1"
             if self._blocks is not None and self._scope is not None and facts.prefix_key is not None:
                 sizes, cap = self._scope()  # precise mode's hook: vLLM's block hashes of the prompt
                 if sizes:
@@ -265,21 +284,16 @@ class Intake:
                         facts.blocks = await asyncio.to_thread(make, route.kind, payload, sizes, cap)
                     else:
                         facts.blocks = make(route.kind, payload, sizes, cap)
-        return Incoming(body, model, facts, size, self._tag(headers, facts.long), payload, tell)
+        return Incoming(body, model, facts, size, self._tag(client_tag, facts.long), payload, tell)
 
     @staticmethod
     def _classes(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes | None]:
         """X-Priority and X-Vllm-Priority, in one pass over the headers."""
-        ours = theirs = None
-        for k, v in headers:
-            if k == HEADER:
-                ours = ours if ours is not None else v
-            elif k == VLLM_HEADER:
-                theirs = theirs if theirs is not None else v
+        _, _, ours, theirs, _, _ = _heads(headers)
         return ours, theirs
 
-    def _tag(self, headers: list[tuple[bytes, bytes]], long: bool) -> bytes | None:
-        client_tag = header(headers, b"x-request-tag")
+    def _tag(self, client_tag: bytes | None, long: bool) -> bytes | None:
+        """X-Request-Tag upstream: the client's own (cut to 128 bytes), plus the long-input tag."""
         tag = client_tag[:128] if client_tag else None
         if long:
             long_tag = self._settings.prefill.tag.encode()
@@ -301,4 +315,5 @@ class Intake:
             raise ClientGone from None
         priority = resolve(*self._classes(headers), None, "none", ceiling)[0]
         facts = RequestFacts(model, 1, False, priority=priority)
-        return Incoming(b"", model, facts, PromptSize(), self._tag(headers, False), upload=upload)
+        client_tag = header(headers, b"x-request-tag")
+        return Incoming(b"", model, facts, PromptSize(), self._tag(client_tag, False), upload=upload)

@@ -39,7 +39,7 @@ from taogate.proxy.disconnect import DisconnectWatch
 from taogate.proxy.forward import Forward, plan
 from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
 from taogate.proxy.multipart import ClientLeft
-from taogate.proxy.relay import relay_sse, send_whole
+from taogate.proxy.relay import relay_sse
 from taogate.proxy.responses import ResponseIds
 from taogate.proxy.retry import AttemptFailure, Failure, Judgement, Next, RetryBudget, backoff, judge
 from taogate.proxy.routes import Route
@@ -142,6 +142,7 @@ class Pipeline:
         self.responses = responses
         self.inflight = inflight
         self._prefix = settings.gateway.prefix  # a property that parses base_url: read once
+        self._decided: dict[str, Any] = {}  # pick reason → its decisions counter, this config's strategy
 
     @property
     def in_flight(self) -> int:
@@ -259,7 +260,13 @@ class Pipeline:
             rec.instance = lease.instance.name
             if pick.channel_fallback:
                 rec.channel_fallback = True
-            self.metrics.child(self.metrics.decisions, self.settings.dispatch.strategy, pick.reason).inc()
+            decided = self._decided.get(pick.reason)
+            if decided is None:
+                m = self.metrics
+                decided = self._decided[pick.reason] = m.child(
+                    m.decisions, self.settings.dispatch.strategy, pick.reason
+                )
+            decided.inc()
             ex.attempt, ex.tried = attempt, exclude | {lease.instance.name}
             try:
                 await self._attempt(ex, lease)
@@ -361,8 +368,12 @@ class Pipeline:
         inst.record_load_report(response.header(LOAD_REPORT_RESPONSE), now)  # load-report hook
         ex.rec.ttfb = now - sent_at
         headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name, lease.receipt)
+        headers.append((b"content-length", str(len(data)).encode()))
         ex.started = True
-        await send_whole(ex.send, response.status_code, headers, data, ex.last_message)
+        send = ex.send  # the answer whole, in two messages (no coroutine more around them)
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        ex.finished = True  # the last body message is being sent
+        await send({"type": "http.response.body", "body": data, "more_body": False})
         if response.status_code == 200:
             rec = ex.rec
             rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage(usage_of_body(data))

@@ -21,21 +21,7 @@ from taogate.proxy.intake import ClientStalled
 from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
 from taogate.proxy.usage import UsageTap
 
-__all__ = ["MAX_EVENT_BYTES", "EventTooLarge", "Events", "StreamEnd", "relay_sse", "send_whole"]
-
-
-async def send_whole(
-    send: Send,
-    status: int,
-    headers: list[tuple[bytes, bytes]],
-    body: bytes,
-    on_last_message: Callable[[], None],
-) -> None:
-    """A complete answer in two ASGI messages (``on_last_message`` just before the body goes)."""
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    on_last_message()
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+__all__ = ["MAX_EVENT_BYTES", "EventTooLarge", "Events", "StreamEnd", "relay_sse"]
 
 
 #: The most an unfinished event may hold before the stream is ended (vLLM's largest, a Responses

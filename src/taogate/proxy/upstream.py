@@ -194,20 +194,38 @@ def upstream_headers(
     client's own list (if any) with the client's address appended, so its last entry is the one
     the gateway saw (the earlier ones are only what the client claims).
 
+    One pass keeps the client's own pairs; a Connection field (rare from clients) costs a second.
     The instance's own key (if any) is added per attempt, since a retry may go elsewhere.
     """
-    drop = _DROP_UP
-    nominated = _nominated(client_headers)  # ASGI names are lower-case already
-    if nominated:
-        drop = drop | nominated
-    out = [(k, v) for k, v in client_headers if k not in drop and not k.startswith(_OURS)]
+    out = []
+    hops: list[bytes] = []
+    connection = False
+    for pair in client_headers:  # ASGI names are lower-case already
+        k = pair[0]
+        if k in _DROP_UP or k.startswith(_OURS):
+            if k == _FORWARDED_FOR:
+                hops.append(pair[1])
+            elif k == b"connection":
+                connection = True
+        else:
+            out.append(pair)
+    if connection:
+        out = _without_nominated(out, client_headers)
     if client is not None:
-        hops = [v for k, v in client_headers if k == _FORWARDED_FOR]
-        out.append((_FORWARDED_FOR, b", ".join([*hops, client[0].encode()])))
+        hops.append(client[0].encode())
+        out.append((_FORWARDED_FOR, b", ".join(hops)))
     out.append((b"x-request-id", request_id))
     if tag:
         out.append((b"x-request-tag", tag))
     return out
+
+
+def _without_nominated(
+    kept: list[tuple[bytes, bytes]], headers: Sequence[tuple[bytes, bytes]]
+) -> list[tuple[bytes, bytes]]:
+    """``kept`` less the headers the ``Connection`` fields of ``headers`` name."""
+    nominated = _nominated(headers)
+    return [pair for pair in kept if pair[0] not in nominated] if nominated else kept
 
 
 def downstream_headers(
@@ -218,10 +236,16 @@ def downstream_headers(
     and which instance served it. ``drop_load``: the gateway asked for the engine's load report,
     not the client, who does not see it."""
     drop = _DROP_DOWN_LOAD if drop_load else _DROP_DOWN
-    nominated = _nominated(raw)
-    if nominated:
-        drop = drop | nominated
-    out = [(k, v) for k, v in raw if k not in drop and not k.startswith(_OURS)]
+    out = []
+    connection = False
+    for pair in raw:
+        k = pair[0]
+        if k in drop or k.startswith(_OURS):
+            connection = connection or k == b"connection"
+        else:
+            out.append(pair)
+    if connection:
+        out = _without_nominated(out, raw)
     out.append((b"x-request-id", request_id))
     out.append((b"x-taogate-instance", instance.encode()))
     return out

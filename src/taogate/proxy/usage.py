@@ -130,22 +130,23 @@ def usage_of_body(body: bytes) -> dict[str, Any] | None:
 
 
 def _cut_out(body: bytes, start: int) -> dict[str, Any] | None:
-    """The object starting at ``start`` (after blanks), when it is small; each byte scanned once."""
+    """The object starting at ``start`` (after blanks), when it is small; each brace found once."""
     while start < len(body) and body[start] in b" \t\r\n":
         start += 1
     if body[start : start + 1] != b"{":
         return None
     stop = min(len(body), start + _MAX_USAGE_BYTES)
-    depth = 0
-    at = start
-    for _ in range(2 * _MAX_NESTED):  # each turn passes one brace
-        opening = body.find(b"{", at, stop)
-        closing = body.find(b"}", at, stop)
+    depth = 1
+    at = start + 1
+    opening = body.find(b"{", at, stop)  # the next of each from ``at``: kept until passed
+    closing = body.find(b"}", at, stop)
+    for _ in range(2 * _MAX_NESTED - 1):  # each turn passes one brace (the first is passed)
         if closing < 0:
             return None
         if 0 <= opening < closing:
             depth += 1
             at = opening + 1
+            opening = body.find(b"{", at, stop)
             continue
         depth -= 1
         at = closing + 1
@@ -155,6 +156,7 @@ def _cut_out(body: bytes, start: int) -> dict[str, Any] | None:
             except orjson.JSONDecodeError:
                 return None
             return usage if isinstance(usage, dict) else None
+        closing = body.find(b"}", at, stop)
     return None
 
 

@@ -62,6 +62,14 @@ class Admission:
     released: bool = False
 
 
+def _admitted(admission: Admission) -> Admission:
+    """An admission counted: it holds one of its key's concurrency slots until ``finish``."""
+    stats = admission.stats
+    stats.in_flight += 1
+    stats.requests += 1
+    return admission
+
+
 class Limiter:
     """Admits requests against their key's limits; one per gateway, ``configure``d on reload."""
 
@@ -113,11 +121,31 @@ class Limiter:
         """The pipeline's step: admit the request (reserving its prompt and all the output it may
         ask for, as OpenAI counts), and the ``send`` that adds its key's headers to the response."""
         rec.key = facts.tenant = tenant.name
-        admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
+        if tenant.rate_limited:
+            admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
+        else:  # no window to count in: nothing to wait for
+            admission = _admitted(self._admissible(tenant, model))
         return admission, _with_headers(send, admission.headers) if admission.headers else send
 
     async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
         """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
+        admission = self._admissible(tenant, model)
+        if tenant.rate_limited:
+            stats = admission.stats
+            counts = await self._hit(tenant, stats, cost)
+            if counts is not None:
+                stats.last = counts
+                window = self.limits.window
+                if not counts.admitted:
+                    refused = refusal(tenant, counts, cost, window)
+                    raise self.reject(stats, refused.type, refused)
+                admission.headers = rate_headers(tenant, counts, window)
+                admission.reserved, admission.bucket = cost, counts.bucket
+        return _admitted(admission)
+
+    def _admissible(self, tenant: Tenant, model: str | None) -> Admission:
+        """The key's request before its rate limits (not counted yet), or the refusal for a model
+        it may not use or a concurrency limit it has reached."""
         stats = self.stats.get(tenant.name)
         if stats is None:  # a key revoked while its request was being read: tallied nowhere
             stats = KeyStats()
@@ -143,20 +171,7 @@ class Limiter:
                     [],
                 ),
             )
-        admission = Admission(tenant, stats, [])
-        if tenant.rate_limited:
-            counts = await self._hit(tenant, stats, cost)
-            if counts is not None:
-                stats.last = counts
-                window = self.limits.window
-                if not counts.admitted:
-                    refused = refusal(tenant, counts, cost, window)
-                    raise self.reject(stats, refused.type, refused)
-                admission.headers = rate_headers(tenant, counts, window)
-                admission.reserved, admission.bucket = cost, counts.bucket
-        stats.in_flight += 1
-        stats.requests += 1
-        return admission
+        return Admission(tenant, stats, [])
 
     async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int) -> Counts | None:
         window_ms = max(1, round(self.limits.window * 1000))
