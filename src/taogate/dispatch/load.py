@@ -61,7 +61,20 @@ def estimate(
 ) -> tuple[float, float]:
     """(``expected_ttft``, ``expected_latency``) of a request costing ``prompt_tokens`` of prefill on
     ``view``: the formula of the module docstring in one pass (the functions below, term by term)."""
-    # queued_tokens
+    _, queued, per_token, base, kv, tpot, batch = view_terms(view, model)
+    ttft = base + (queued + (prompt_tokens if prompt_tokens > 0 else 0.0)) * per_token + kv
+    if not tpot > 0.0:
+        return ttft, ttft
+    return ttft, ttft + horizon(max_tokens, model) * tpot * batch
+
+
+def view_terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> ViewTerms:
+    """The part of ``estimate`` that depends on ``view`` and ``model`` alone: ``(model, queued,
+    per_token, base, kv, tpot, batch)``. A request costing ``P`` prefill tokens there is expected
+    to take ``base + (queued + P) * per_token + kv`` seconds to its first token (``kv``: the KV
+    wait, 0.0 below the threshold), and ``horizon(max_tokens) * tpot * batch`` more to its end
+    unless ``tpot`` (the decode pace) is 0.0, unknown. A plain tuple: it is built for each view
+    priced afresh."""
     booked_work = view.prefill_work
     if booked_work is not None:
         queued = float(booked_work) if booked_work > 0 else 0.0
@@ -83,66 +96,6 @@ def estimate(
         if foreign > 0:
             queued += foreign * model.typical_prompt_tokens
         if engine.running > running:  # noqa: PLR1730 (flat on purpose: see the module docstring)
-            running = engine.running
-        kv = engine.kv_usage
-        if engine.running + engine.waiting > n:  # noqa: PLR1730
-            n = engine.running + engine.waiting
-    # slowdown
-    factor = 1.0 + model.decode_weight * running / model.step_tokens
-    # expected_ttft
-    base = view.base_latency
-    speed = view.speed
-    per_token = factor / (speed if speed > 1e-9 else 1e-9)
-    work = queued + (prompt_tokens if prompt_tokens > 0 else 0.0)
-    ttft = (base if base > 0.0 else 0.0) + work * per_token
-    tpot = view.decode_seconds_per_token
-    # kv_wait
-    if kv is not None and kv > model.kv_threshold:
-        over = (kv - model.kv_threshold) / max(1e-9, 1.0 - model.kv_threshold)
-        over = 1.0 if over > 1.0 else over
-        one = model.typical_prompt_tokens * per_token
-        if tpot > 0.0:
-            one += model.decode_horizon * tpot
-        ttft += model.kv_penalty * over * over * one
-    # decode_seconds with batch_factor
-    if not tpot > 0.0:
-        return ttft, ttft
-    horizon = model.decode_horizon
-    if max_tokens is not None and max_tokens < horizon:
-        horizon = max_tokens if max_tokens > 0 else 0
-    ref = model.decode_batch_ref
-    batch = 1.0 + n / ref if ref > 0 else 1.0
-    return ttft, ttft + horizon * tpot * batch
-
-
-def view_terms(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> ViewTerms:
-    """The part of ``estimate`` that depends on ``view`` and ``model`` alone: ``(model, queued,
-    per_token, base, kv, tpot, batch)``. A request costing ``P`` prefill tokens there is expected
-    to take ``base + (queued + P) * per_token + kv`` seconds to its first token (``kv``: the KV
-    wait, 0.0 below the threshold), and ``horizon(max_tokens) * tpot * batch`` more to its end
-    unless ``tpot`` (the decode pace) is 0.0, unknown: the same operations in the same order as
-    ``estimate``, so the same floats. A plain tuple: it is built for each view priced afresh."""
-    booked_work = view.prefill_work
-    if booked_work is not None:
-        queued = float(booked_work) if booked_work > 0 else 0.0
-    else:
-        ratio = view.uncached_ratio
-        ratio = 0.0 if not ratio > 0.0 else 1.0 if ratio > 1.0 else ratio
-        booked = view.prefill_tokens
-        queued = booked * ratio if booked > 0 else 0.0
-    decoding = view.decoding
-    running = float(decoding) if decoding > 0 else 0.0
-    inflight = view.inflight
-    n = float(inflight) if inflight > 0 else 0.0
-    kv = None
-    engine = view.engine
-    if engine is not None:
-        prefilling = view.prefilling
-        own = (inflight - decoding) if prefilling is None else prefilling
-        foreign = engine.waiting - (own if own > 0 else 0)
-        if foreign > 0:
-            queued += foreign * model.typical_prompt_tokens
-        if engine.running > running:  # noqa: PLR1730 (as in estimate)
             running = engine.running
         kv = engine.kv_usage
         if engine.running + engine.waiting > n:  # noqa: PLR1730
