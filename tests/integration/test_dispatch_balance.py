@@ -7,6 +7,7 @@ request records say who served what.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import statistics
 
@@ -86,6 +87,9 @@ async def _long_every_fourth(strategy: str) -> tuple[list[int], list[int], int]:
     prompts could teach it a wrong speed (guarded by the last test here), not what this is about.
     """
     configs = [EmulatorConfig(seed=i, step_overhead=0.002) for i in range(4)]
+    # Earlier tests' garbage collected now, not in a pause mid-run: the emulators share this event
+    # loop, so a pause reads as a slow card to the gateway's speed learning.
+    gc.collect()
     async with run_fleet(configs) as fleet:
         settings = settings_for(fleet.urls, dispatch={"strategy": strategy, "prefix_affinity": False})
         async with serve_gateway(settings) as gate, client() as http:
