@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from taogate.dispatch.load import DEFAULT_LOAD, LoadModel, estimate, horizon, view_terms
 from taogate.dispatch.policy import LeastBusy
-from taogate.dispatch.types import EngineStats, InstanceView, RequestFacts
+from taogate.dispatch.types import InstanceView, RequestFacts
+
+from .test_dispatch_load import engines
 
 
 class _EstimateCosts(LeastBusy):
@@ -30,12 +32,6 @@ class _EstimateCosts(LeastBusy):
         return costs, ttfts
 
 
-engines = st.none() | st.builds(
-    EngineStats,
-    waiting=st.floats(0, 1000),
-    running=st.floats(0, 1000),
-    kv_usage=st.none() | st.floats(0, 1),
-)
 views = st.builds(
     InstanceView,
     name=st.sampled_from("abcdef"),
