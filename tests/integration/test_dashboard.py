@@ -157,6 +157,18 @@ async def _wait_ready(h: httpx.AsyncClient, url: str, deadline: float) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _wait_first_scrape(h: httpx.AsyncClient, url: str, deadline: float) -> None:
+    """Until Prometheus has scraped the gateway once. Ready is not enough: its scrape manager takes up
+    new targets on a 5 s tick, so a load started at once can be half over before the first scrape,
+    and a series that exists only while requests flow (the hit rate) may then never be seen."""
+    while True:
+        r = await h.get(url + "/api/v1/query", params={"query": 'up{job="taogate"} == 1'})
+        if r.json()["data"]["result"]:
+            return
+        assert time.monotonic() < deadline, "prometheus did not scrape the gateway"
+        await asyncio.sleep(0.1)
+
+
 async def _extra_traffic(api: str) -> None:
     """A wrong key and an unknown model: the gateway's own refusals."""
     async with httpx.AsyncClient(timeout=10) as h:
@@ -211,6 +223,7 @@ async def test_every_dashboard_query_returns_data(gateway_factory: GatewayFactor
             try:
                 async with httpx.AsyncClient(timeout=10) as h:
                     await _wait_ready(h, f"http://{web}", time.monotonic() + 15)
+                    await _wait_first_scrape(h, f"http://{web}", time.monotonic() + 15)
                     start = time.time()
                     load = await asyncio.create_subprocess_exec(
                         sys.executable,
