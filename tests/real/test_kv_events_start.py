@@ -113,15 +113,18 @@ async def test_engines_first_with_replay_the_index_is_whole_in_seconds_and_route
                 hits.append(((await engine_metrics(http, vllm_pair.slow)).prefix_hits or 0.0) - before)
         # The index's run is what the engine finds (it never computes a prompt's last token from cache).
         expected = min(blocks, len(prompt) // index.block_size) * index.block_size
-        assert hits == [expected] * served["slow"], (hits, expected, served)
         rows = await admin_rows(gw)
+        # What dispatch priced each card by, should the prompt not go where its cache is.
+        shown = ("speed", "relative_speed", "inflight")
+        seen = {n: {k: row.get(k) for k in shown} for n, row in rows.items()}
+        assert hits == [expected] * served["slow"], (hits, expected, served, seen)
         assert rows["slow"]["precise"]["by"] == "index" and rows["fast"]["precise"]["by"] == "index"
     detail = index.trust.detail if index is not None else "-"
     report(
         f"precise, engines first, replay: trusted {took:.2f} s after the gateway's start "
         f"({detail}); a prompt primed on the slow card went there {served['slow']}/4"
     )
-    assert served["slow"] == 4, served
+    assert served["slow"] == 4, (served, seen)
 
 
 async def test_engines_first_without_replay_the_log_says_the_start_was_missed(

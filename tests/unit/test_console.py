@@ -3,14 +3,18 @@ cuts a header or a figure."""
 
 from __future__ import annotations
 
+import io
+import os
+import signal
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
 
-from taogate.observe.console import COLUMNS, fit_columns, status_view, table_width
+from taogate.observe.console import COLUMNS, fit_columns, status_view, table_width, watch
 
 
 def row(name: str, **over: Any) -> dict[str, Any]:
@@ -126,3 +130,39 @@ def test_fitting_is_within_width_and_monotone(
     dropped = [c for c in COLUMNS if c not in kept]
     if dropped:
         assert min(c.rank for c in dropped) >= max(c.rank for c in kept)
+
+
+def _quiet_console() -> Console:
+    return Console(file=io.StringIO(), width=80, color_system=None)
+
+
+def test_ctrl_c_during_a_fetch_ends_the_watch_once_the_fetch_returns() -> None:
+    """An interrupt inside the HTTP client could leave its pool's lock held and hang the exit."""
+    before = signal.getsignal(signal.SIGINT)
+    finished: list[bool] = []
+
+    def fetch() -> str:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the call is in flight
+        finished.append(True)  # the call runs to its end all the same
+        return "unreachable"
+
+    with pytest.raises(KeyboardInterrupt):
+        watch(fetch, "http://127.0.0.1:1", _quiet_console(), sleep=lambda _: None)
+    assert finished == [True]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_between_fetches_ends_the_watch_at_once() -> None:
+    fetched: list[int] = []
+
+    def fetch() -> str:
+        fetched.append(1)
+        return "unreachable"
+
+    def sleep(_: float) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("the interrupt did not end the sleep")
+
+    with pytest.raises(KeyboardInterrupt):
+        watch(fetch, "http://127.0.0.1:1", _quiet_console(), sleep=sleep)
+    assert fetched == [1]
