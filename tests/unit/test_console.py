@@ -136,22 +136,6 @@ def _quiet_console() -> Console:
     return Console(file=io.StringIO(), width=80, color_system=None)
 
 
-def test_ctrl_c_during_a_fetch_ends_the_watch_once_the_fetch_returns() -> None:
-    """An interrupt inside the HTTP client could leave its pool's lock held and hang the exit."""
-    before = signal.getsignal(signal.SIGINT)
-    finished: list[bool] = []
-
-    def fetch() -> str:
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the call is in flight
-        finished.append(True)  # the call runs to its end all the same
-        return "unreachable"
-
-    with pytest.raises(KeyboardInterrupt):
-        watch(fetch, "http://127.0.0.1:1", _quiet_console(), sleep=lambda _: None)
-    assert finished == [True]
-    assert signal.getsignal(signal.SIGINT) is before
-
-
 def test_ctrl_c_between_fetches_ends_the_watch_at_once() -> None:
     fetched: list[int] = []
 

@@ -8,7 +8,6 @@ its length costs no column.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -172,36 +171,14 @@ def watch(
 ) -> None:
     """Redraw the view in place every ``interval`` seconds until interrupted. ``fetch`` returns the
     status, or a string saying why the gateway is unreachable (said, then retried); whatever it
-    raises ends the watch.
-
-    Ctrl-C during a fetch ends the watch once the fetch returns (its client's timeout bounds it):
-    an interrupt raised inside the HTTP client can leave its connection pool's lock held, and the
-    close that follows then waits on that lock for ever. Run from the main thread (signals)."""
-    fetching = interrupted = False
-
-    def on_interrupt(signum: int, frame: object) -> None:
-        nonlocal interrupted
-        if not fetching:
-            raise KeyboardInterrupt
-        interrupted = True  # raised once the fetch returns
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while True:
-                fetching = True
-                try:
-                    data = fetch()
-                finally:
-                    fetching = False
-                if interrupted:
-                    raise KeyboardInterrupt
-                if isinstance(data, str):
-                    view: RenderableType = Text(f"{data}; retrying every {interval:g} s", style="bold red")
-                else:
-                    view = status_view(data, base, console.width)
-                stamp = Text(time.strftime("%H:%M:%S") + "  (Ctrl-C to stop)", style="dim")
-                live.update(Group(view, stamp), refresh=True)
-                sleep(interval)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    raises ends the watch."""
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            data = fetch()
+            if isinstance(data, str):
+                view: RenderableType = Text(f"{data}; retrying every {interval:g} s", style="bold red")
+            else:
+                view = status_view(data, base, console.width)
+            stamp = Text(time.strftime("%H:%M:%S") + "  (Ctrl-C to stop)", style="dim")
+            live.update(Group(view, stamp), refresh=True)
+            sleep(interval)
