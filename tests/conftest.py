@@ -12,11 +12,32 @@ from typing import Any, NoReturn
 
 import pytest
 
+import taogate.fleet.instance
 from taogate.app import RunningGateway, serve_gateway
 from taogate.bench.scenarios import loopback_settings
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import Fleet, run_fleet
 from taogate.settings import Settings
+
+#: The compiled build (``make compiled``) is what the tests import: its classes are closed.
+COMPILED = (taogate.fleet.instance.__file__ or "").endswith(".so")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``make check-compiled`` says it wants the compiled build: refuse to test the Python one."""
+    if os.environ.get("TAOGATE_EXPECT_COMPILED") == "1" and not COMPILED:
+        raise pytest.UsageError(f"TAOGATE_EXPECT_COMPILED=1, but taogate is imported from {taogate.__file__}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under the compiled build, skip the tests marked ``python_only``: they subclass a class of ours
+    or set a method on one (to hold a rewrite to the code it replaced, or to plant a fault), which a
+    compiled class refuses."""
+    if COMPILED:
+        skip = pytest.mark.skip(reason="changes a class at run time, which the compiled build refuses")
+        for item in items:
+            if item.get_closest_marker("python_only"):
+                item.add_marker(skip)
 
 
 def missing(what: str, *, hint: str, required_in_ci: bool = True) -> NoReturn:

@@ -332,5 +332,5 @@ def request_target(url: bytes) -> tuple[bytes, bytes]:
     if url[:1] == b"/" and b"#" not in url:
         path, _, query = url.partition(b"?")
         return path, query
-    parsed = httptools.parse_url(url)
+    parsed: Any = httptools.parse_url(url)  # its stub says bytes; the query is None when absent
     return parsed.path, parsed.query or b""

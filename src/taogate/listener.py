@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 import httptools
+from mypy_extensions import mypyc_attr
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -99,6 +100,7 @@ class _Listener:
         return False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits of ``_listener`` (see the module docstring)."""
 
@@ -106,7 +108,7 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.cycle: Cycle = None  # type: ignore[assignment]
+        self.cycle: Cycle | None = None  # type: ignore[assignment]
         self.pipeline: deque[tuple[Cycle, ASGIApp]] = deque()  # type: ignore[assignment]
         self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
         self._fresh_context = self.config.reset_contextvars
@@ -126,6 +128,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._linger_bytes = 0.0
         self._linger_end = self._last_read = 0.0
         self._body_done = True  # the current request's message has ended
+        self._keep_alive: float = cast(Any, self).timeout_keep_alive  # typed int by uvicorn, may be a float
 
     # -- the connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -318,7 +321,7 @@ class LimitedProtocol(HttpToolsProtocol):
             return
         self._idle_since = now = self.loop.time()
         if self.timeout_keep_alive_task is None:
-            due = now + self.timeout_keep_alive
+            due = now + self._keep_alive
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
         if not self._rejected:
             idle = self._listener.idle
@@ -332,7 +335,7 @@ class LimitedProtocol(HttpToolsProtocol):
         since = self._idle_since
         if since is None:
             return
-        due = since + self.timeout_keep_alive
+        due = since + self._keep_alive
         if self.loop.time() >= due:
             self.timeout_keep_alive_handler()
         else:

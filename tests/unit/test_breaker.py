@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -13,13 +14,18 @@ from taogate.fleet.breaker import Breaker, BreakerState, BreakerTransition
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 
-class Logged(Breaker):
-    """A breaker that keeps every transition its caller is told of, and the OPEN -> HALF_OPEN step
-    that claiming a trial makes (``on_dispatch`` reports it as the trial flag only)."""
+class Logged:
+    """A breaker (``breaker``) that keeps every transition its caller is told of, and the OPEN ->
+    HALF_OPEN step that claiming a trial makes (``on_dispatch`` reports it as the trial flag only).
+    It wraps the breaker rather than subclassing it: the compiled build's classes take no Python
+    subclass. Everything else is the breaker's own."""
 
     def __init__(self, failures: int, cooldown: float, max_cooldown: float | None = None) -> None:
-        super().__init__(failures, cooldown, max_cooldown)
+        self.breaker = Breaker(failures, cooldown, max_cooldown)
         self.log: list[BreakerTransition] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.breaker, name)
 
     def _kept(self, t: BreakerTransition | None) -> BreakerTransition | None:
         if t is not None:
@@ -27,20 +33,20 @@ class Logged(Breaker):
         return t
 
     def on_dispatch(self, now: float) -> bool:
-        was_open = self.retry_at() is not None
-        trial = super().on_dispatch(now)
+        was_open = self.breaker.retry_at() is not None
+        trial = self.breaker.on_dispatch(now)
         if trial and was_open:
-            self.log.append(BreakerTransition(OPEN, HALF, now, self.cooldown))
+            self.log.append(BreakerTransition(OPEN, HALF, now, self.breaker.cooldown))
         return trial
 
     def record_success(self, now: float) -> BreakerTransition | None:
-        return self._kept(super().record_success(now))
+        return self._kept(self.breaker.record_success(now))
 
     def record_failure(self, now: float) -> BreakerTransition | None:
-        return self._kept(super().record_failure(now))
+        return self._kept(self.breaker.record_failure(now))
 
     def reset(self, now: float) -> BreakerTransition | None:
-        return self._kept(super().reset(now))
+        return self._kept(self.breaker.reset(now))
 
 
 def _breaker(
@@ -50,7 +56,7 @@ def _breaker(
     return b, b.log
 
 
-def _trip(b: Breaker, now: float, n: int = 3) -> None:
+def _trip(b: Breaker | Logged, now: float, n: int = 3) -> None:
     for _ in range(n):
         b.record_failure(now)
 

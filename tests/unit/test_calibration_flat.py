@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,6 +67,7 @@ SIZES = st.builds(
 )
 
 
+@pytest.mark.python_only
 @settings(max_examples=200, deadline=None)
 @given(seen=st.lists(st.tuples(SIZES, st.floats(0.2, 3.0)), max_size=60), probe=SIZES)
 def test_flat_fit_learns_and_predicts_as_the_loops_did(

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,6 +210,7 @@ def _shown(view: InstanceView) -> tuple[object, ...]:
     return (*fields, view.cache is None)
 
 
+@pytest.mark.python_only  # sets a method on the fleet, which a compiled class does not allow
 @settings(max_examples=300, deadline=None)
 @given(events=st.lists(st.tuples(EVENTS, TICKS), max_size=80))
 def test_kept_views_equal_fresh_ones(events: list[tuple[tuple[Any, ...], float]]) -> None:

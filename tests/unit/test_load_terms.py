@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,6 +68,7 @@ def _same(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.python_only
 @settings(max_examples=400, deadline=None)
 @given(
     fleet=st.lists(views, min_size=1, max_size=5),

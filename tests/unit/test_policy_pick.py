@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ ROUNDS = st.lists(
 )
 
 
+@pytest.mark.python_only
 @settings(max_examples=400, deadline=None)
 @given(rounds=ROUNDS, keys=st.lists(st.none() | st.integers(0, 2**64 - 1), min_size=12, max_size=12))
 def test_one_pass_picks_as_the_filters(

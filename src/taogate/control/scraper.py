@@ -95,8 +95,8 @@ class Scraper:
             error = f"/metrics answered {r.status_code}"
         except (httpx.HTTPError, OSError, TimeoutError) as exc:
             error = f"/metrics failed: {type(exc).__name__}"
-        except ScrapeError as exc:
-            error = f"/metrics unreadable: {exc}"
+        except ScrapeError as unreadable:
+            error = f"/metrics unreadable: {unreadable}"
         finally:
             inst.scrape_began = None
         if inst.scrape_ok:

@@ -196,10 +196,10 @@ def load_prompt_tokenizer(path: str | Path, chat_template: str | Path | None = N
     for module in ("tokenizers", "jinja2"):
         try:
             importlib.import_module(module)
-        except ImportError as exc:
+        except ImportError as missing:
             raise TokenizerUnavailable(
                 f"precise prefix-cache dispatch needs the `{module}` package: pip install 'taogate[precise]'"
-            ) from exc
+            ) from missing
     file = Path(path)
     if not file.is_file():
         raise TokenizerUnavailable(f"[prefill] tokenizer = {str(file)!r}: no such file")

@@ -276,7 +276,7 @@ prompt_size = measure
 # --- optional exact mode -----------------------------------------------------------------------------
 
 
-class TokenizerUnavailable(RuntimeError):
+class TokenizerUnavailable(Exception):
     """Exact counting was configured but cannot work here (package missing, file unreadable)."""
 
 
@@ -298,11 +298,11 @@ def load_exact_counter(path: str | Path) -> ExactCounter:
     """
     try:
         module = importlib.import_module("tokenizers")
-    except ImportError as exc:
+    except ImportError as missing:
         raise TokenizerUnavailable(
             "[prefill] tokenizer is set, but the `tokenizers` package is not installed: "
             "pip install tokenizers (or unset [prefill] tokenizer to use calibrated estimates)"
-        ) from exc
+        ) from missing
     file = Path(path)
     if not file.is_file():
         raise TokenizerUnavailable(f"[prefill] tokenizer = {str(file)!r}: no such file")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from taogate.dispatch.pending import Pending
@@ -60,30 +60,6 @@ class InstanceSpec:
     @property
     def host(self) -> str:
         return urlsplit(self.url).netloc
-
-
-T = TypeVar("T")
-
-
-class _Shown(Generic[T]):
-    """An attribute the dispatch view shows: kept in ``_<name>``, and each write drops the view."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._private = "_" + name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _Shown[T]: ...
-    @overload
-    def __get__(self, obj: Instance, owner: type) -> T: ...
-    def __get__(self, obj: Instance | None, owner: type) -> _Shown[T] | T:
-        if obj is None:
-            return self
-        value: T = getattr(obj, self._private)
-        return value
-
-    def __set__(self, obj: Instance, value: T) -> None:
-        setattr(obj, self._private, value)
-        obj._view = None
 
 
 class Instance:
@@ -162,12 +138,57 @@ class Instance:
         return self.spec.name
 
     # -- what the view shows, each write dropping it -----------------------------------------------
-    models: _Shown[frozenset[str]] = _Shown()
-    draining: _Shown[bool] = _Shown()
-    inflight: _Shown[int] = _Shown()  # our requests sent here and not finished (the leases held)
-    prefilling: _Shown[int] = _Shown()  # those of them with no first token yet
-    prefill_tokens: _Shown[int] = _Shown()  # their prompt tokens (the leases' ``tokens``)
-    prefill_work: _Shown[int] = _Shown()  # their expected uncached prefill (the leases' ``work``)
+    @property
+    def models(self) -> frozenset[str]:
+        return self._models
+
+    @models.setter
+    def models(self, value: frozenset[str]) -> None:
+        self._models, self._view = value, None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining, self._view = value, None
+
+    @property
+    def inflight(self) -> int:
+        """Our requests sent here and not finished (the leases held)."""
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._inflight, self._view = value, None
+
+    @property
+    def prefilling(self) -> int:
+        """Our requests here with no first token yet."""
+        return self._prefilling
+
+    @prefilling.setter
+    def prefilling(self, value: int) -> None:
+        self._prefilling, self._view = value, None
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Their prompt tokens (the leases' ``tokens``)."""
+        return self._prefill_tokens
+
+    @prefill_tokens.setter
+    def prefill_tokens(self, value: int) -> None:
+        self._prefill_tokens, self._view = value, None
+
+    @property
+    def prefill_work(self) -> int:
+        """Their expected uncached prefill (the leases' ``work``)."""
+        return self._prefill_work
+
+    @prefill_work.setter
+    def prefill_work(self, value: int) -> None:
+        self._prefill_work, self._view = value, None
 
     # -- leases (``lease.Lease``): one write each, not one per counter ---------------------------
     def book(self, lease: PendingRequest, tokens: int, work: int) -> int:

@@ -11,10 +11,12 @@ not headers (RFC 9110 §6.5.1): they are dropped."""
 from __future__ import annotations
 
 import asyncio
+import asyncio.protocols  # named for mypyc: a compiled subclass's C refers to the base's module
 from collections.abc import AsyncIterable
 from typing import Final, Protocol, cast
 
 import httptools
+from mypy_extensions import mypyc_attr
 
 from .errors import MalformedResponse, ReadTimeout, RemoteProtocolError, WriteError, WriteTimeout
 from .limits import Limits
@@ -41,7 +43,8 @@ class Owner(Protocol):
     def _forget(self, conn: Connection) -> None: ...
 
 
-class Connection(asyncio.Protocol):
+@mypyc_attr(native_class=False)
+class Connection(asyncio.protocols.Protocol):
     """One keep-alive connection to one origin; at most one request at a time."""
 
     def __init__(self, pool: Owner, origin: Origin) -> None:
@@ -91,11 +94,11 @@ class Connection(asyncio.Protocol):
             cause = exc.__context__
             self._refuse(r, str(cause) if isinstance(cause, _Refused) else f"sent a malformed answer: {exc}")
             return
-        except httptools.HttpParserError as exc:
-            self._refuse(r, f"sent a malformed answer: {exc}")
+        except httptools.HttpParserError as malformed:
+            self._refuse(r, f"sent a malformed answer: {malformed}")
             return
-        except Exception as exc:  # never out of data_received: the loop would log a traceback
-            self._refuse(r, f"sent an answer the parser failed on ({type(exc).__name__}: {exc})")
+        except Exception as failure:  # never out of data_received: the loop would log a traceback
+            self._refuse(r, f"sent an answer the parser failed on ({type(failure).__name__}: {failure})")
             return
         if self._progress:
             self._stalled = 0

@@ -103,7 +103,7 @@ class Response:
         parts: list[bytes] = []
         size = 0
         try:
-            async for chunk in self.aiter_raw():
+            while (chunk := await self.next_chunk()) is not None:
                 size += len(chunk)
                 if limit is not None and size > limit:
                     self.close()
@@ -114,21 +114,24 @@ class Response:
             raise
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
+    def aiter_raw(self) -> AsyncIterator[bytes]:
         """The body as it arrives (de-chunked), whatever is buffered joined into one piece."""
+        return _Chunks(self)
+
+    async def next_chunk(self) -> bytes | None:
+        """The body's next piece (whatever is buffered, joined), or None at its end."""
         while True:
             if self._chunks:
                 data = self._take()
                 conn = self._conn
                 if conn is not None and conn.paused:
                     conn.resume()
-                yield data
-                continue
+                return data
             if self._failure is not None:
                 raise self.failure()
             if self.complete:
                 self.close()  # read to the end: the connection goes back to the pool at once
-                return
+                return None
             await self._wait()
 
     def failure(self) -> TransportError:
@@ -181,3 +184,21 @@ class Response:
             self._chunks.clear()  # nobody will read them
             self._buffered = 0
         self._wake()
+
+
+class _Chunks:
+    """``Response.aiter_raw``: a class rather than an async generator, which mypyc cannot compile."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._response.next_chunk()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk

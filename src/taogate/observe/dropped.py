@@ -15,6 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from mypy_extensions import mypyc_attr
+
 __all__ = ["INCOMPLETE_RESPONSE", "SERVER_LOGGER", "DroppedResponses"]
 
 #: What uvicorn logs when an ASGI call returns before its response is complete, and where.
@@ -22,6 +24,7 @@ INCOMPLETE_RESPONSE = "ASGI callable returned without completing response."
 SERVER_LOGGER = "uvicorn.error"
 
 
+@mypyc_attr(native_class=False)
 class DroppedResponses(logging.Filter):
     """A logging filter for ``SERVER_LOGGER``: one incomplete-response line hidden per ``expect()``."""
 

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 __all__ = [
     "ACCESS_FLUSH_S",
     "ACCESS_LOGGER",
@@ -29,6 +31,7 @@ ACCESS_FLUSH_S = 0.5
 ACCESS_LOGGER = "taogate.access"
 
 
+@mypyc_attr(native_class=False)
 class SecondCachedFormatter(logging.Formatter):
     """``logging.Formatter`` with the default time format, formatting each second's date and time
     once instead of once per line (``time.localtime`` and ``strftime`` were a good part of an access
@@ -55,6 +58,7 @@ class SecondCachedFormatter(logging.Formatter):
         return f"{self._stamp},{int((created - second) * 1000):03d}"
 
 
+@mypyc_attr(native_class=False)
 class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The per-request access lines, written into a 64 KiB buffer of their own and flushed every
     ``ACCESS_FLUSH_S`` by the server (and at exit), not one write(2) per line: sys.stderr is

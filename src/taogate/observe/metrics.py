@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -248,6 +249,7 @@ class RequestSeries:
         return self._completion
 
 
+@mypyc_attr(native_class=False)
 class FleetCollector(Collector):
     """Per-instance and queue gauges, read from live state when Prometheus scrapes."""
 
@@ -374,6 +376,7 @@ def _kv_index_families(fleet: Fleet) -> Iterable[Metric]:
     yield from (gaps, restarts, trusted, usable, blocks, by)
 
 
+@mypyc_attr(native_class=False)
 class KeysCollector(Collector):
     """Per client key (``[[keys]]`` names and ``unified``), read from the limiter's tallies at
     scrape time; a revoked key's series go with it."""

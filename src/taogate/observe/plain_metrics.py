@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from typing import Generic, TypeVar
 
+from mypy_extensions import mypyc_attr
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -56,6 +57,7 @@ class HistogramChild:
 C = TypeVar("C", CounterChild, HistogramChild)
 
 
+@mypyc_attr(native_class=False)
 class _Family(Collector, Generic[C]):
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
@@ -91,6 +93,7 @@ class _Family(Collector, Generic[C]):
         """An empty family of this metric's type, to fill with samples."""
 
 
+@mypyc_attr(native_class=False)
 class PlainCounter(_Family[CounterChild]):
     def __init__(
         self,
@@ -119,6 +122,7 @@ class PlainCounter(_Family[CounterChild]):
         yield family
 
 
+@mypyc_attr(native_class=False)
 class PlainHistogram(_Family[HistogramChild]):
     def __init__(
         self,

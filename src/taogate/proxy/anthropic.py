@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from taogate.dispatch.tokens import MAX_ITEMS
 from taogate.errors import ErrorShape, GatewayError
@@ -41,6 +42,7 @@ def _body(message: str, status: int) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
 
+@mypyc_attr(native_class=False)
 class AnthropicErrors(ErrorShape):
     """``{"type": "error", "error": {"type", "message"}}``; a stream ends with ``event: error``."""
 

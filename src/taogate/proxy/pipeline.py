@@ -216,14 +216,14 @@ class Pipeline:
                 log.warning(
                     "request %s: client dropped, %s; the instance request was aborted", rid.decode(), exc
                 )
-        except GatewayError as exc:
-            rec.status = exc.status
-            rec.error = exc.code
-            if rec.reject is None and exc.status in (400, 401, 404, 405, 408, 413, 415, 429, 503):
-                rec.reject = "auth" if exc.status == 401 else exc.code
+        except GatewayError as refused:
+            rec.status = refused.status
+            rec.error = refused.code
+            if rec.reject is None and refused.status in (400, 401, 404, 405, 408, 413, 415, 429, 503):
+                rec.reject = "auth" if refused.status == 401 else refused.code
             if ex is None or not ex.started:
                 unread = not read or (ex is not None and ex.forward.reading)  # an upload cut short
-                await _send_error(send, route.errors, exc, rid, close=unread)
+                await _send_error(send, route.errors, refused, rid, close=unread)
         except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
             log.exception("request %s failed inside the gateway", rid.decode())
             rec.status = 500
@@ -319,8 +319,8 @@ class Pipeline:
             response = await self.upstream.send(inst.spec.url, forward.path, headers, body, forward.method)
         except UPSTREAM_ERRORS as exc:
             raise self._judged(ex, inst, failure_of(exc)).exception() from None
-        except h1.InvalidRequest as exc:
-            raise BadRequest(f"The request cannot be forwarded: {exc}.") from None
+        except h1.InvalidRequest as invalid:
+            raise BadRequest(f"The request cannot be forwarded: {invalid}.") from None
         try:
             status = response.status_code
             if status >= 400:
@@ -353,12 +353,12 @@ class Pipeline:
         cfg = self.settings.gateway
         try:
             data = await response.aread(cfg.max_response_bytes, cfg.request_timeout)
-        except h1.ResponseTooLarge as exc:
+        except h1.ResponseTooLarge as big:
             log.warning(
-                "request %s: instance %s answered more than %d bytes", ex.rec.request_id, inst.name, exc.limit
+                "request %s: instance %s answered more than %d bytes", ex.rec.request_id, inst.name, big.limit
             )
             raise UpstreamError(
-                f"Instance {inst.name} answered more than {exc.limit} bytes ([gateway] max_response_bytes).",
+                f"Instance {inst.name} answered more than {big.limit} bytes ([gateway] max_response_bytes).",
                 code="upstream_response_too_large",
             ) from None
         except UPSTREAM_ERRORS as exc:

@@ -120,8 +120,8 @@ async def relay_sse(
             guard.sent(ended)
         if events.held:
             error = ("upstream_stream_broken", f"instance {instance} ended the stream inside an event")
-    except EventTooLarge as exc:
-        error = ("upstream_event_too_large", f"instance {instance} sent an event over {exc.limit} bytes")
+    except EventTooLarge as big:
+        error = ("upstream_event_too_large", f"instance {instance} sent an event over {big.limit} bytes")
     except asyncio.CancelledError:
         task = asyncio.current_task()
         # The guard's cancel alone means the instance went quiet, the client stopped reading or

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection
 from typing import Any, Final
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from taogate.errors import BadRequest, NotFound
 from taogate.proxy.usage import counts
@@ -46,6 +47,7 @@ def checked_id(value: str) -> str:
     return value
 
 
+@mypyc_attr(native_class=False)
 class ResponseNotFound(NotFound):
     """vLLM's own answer for a response id it does not hold."""
 

@@ -138,13 +138,14 @@ class Next(StrEnum):
     ANSWER = "answer"  # the gateway's own error (``Judgement.error``)
 
 
-@dataclass
 class AttemptFailure(Exception):
     """An attempt failed before any byte went downstream, and a retry elsewhere was granted."""
 
-    reason: str  # bounded (``classify``): connect, closed, read_timeout, status_503, ...
-    instance: str
-    detail: str
+    def __init__(self, reason: str, instance: str, detail: str) -> None:
+        super().__init__(reason, instance, detail)
+        self.reason = reason  # bounded (``classify``): connect, closed, read_timeout, status_503, ...
+        self.instance = instance
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)

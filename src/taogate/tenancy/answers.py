@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from mypy_extensions import mypyc_attr
+
 from taogate.errors import GatewayError
 from taogate.tenancy.keys import Tenant
 from taogate.tenancy.window import Counts, duration, reset_after, used, wait_for
@@ -12,6 +14,7 @@ from taogate.tenancy.window import Counts, duration, reset_after, used, wait_for
 __all__ = ["RateLimited", "rate_headers", "refusal"]
 
 
+@mypyc_attr(native_class=False)
 class RateLimited(GatewayError):
     """429 ``rate_limit_exceeded``, typed ``requests`` or ``tokens`` as OpenAI types it, with the
     key's rate-limit headers and ``Retry-After`` (also in ms, which the OpenAI SDK prefers)."""

@@ -1,0 +1,95 @@
+"""What the modules the compiled build takes (pyproject's mypyc hook) must not do, read from their
+source: each is valid Python that mypyc compiles into something that fails only at run time."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Bases a compiled class may have as it is (compiled themselves, or built in and supported).
+_PLAIN_BASES = {"object", "Exception", "ValueError", "Protocol", "Generic", "NamedTuple", "StrEnum", "Enum"}
+
+
+def _compiled() -> list[Path]:
+    hook = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    spec = hook["hooks"]["mypyc"]
+    excluded = {ROOT / p.lstrip("/") for p in spec["exclude"]}
+    out: list[Path] = []
+    for entry in spec["include"]:
+        path = ROOT / entry.lstrip("/")
+        out.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return [p for p in out if p not in excluded]
+
+
+def _local_classes(tree: ast.Module) -> set[str]:
+    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def _compiled_names() -> set[str]:
+    names: set[str] = set()
+    for path in _compiled():
+        names |= _local_classes(ast.parse(path.read_text()))
+    return names
+
+
+def test_the_hook_names_modules_that_exist() -> None:
+    paths = _compiled()
+    assert len(paths) > 50 and all(p.is_file() for p in paths)
+
+
+def test_an_except_variable_is_bound_to_one_type_per_function() -> None:
+    """mypyc keeps one typed variable per name and function: ``except A as exc`` then ``except B as
+    exc`` raises a TypeError when a B arrives (mypyc/mypyc#620)."""
+    found = []
+    for path in _compiled():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            bound: dict[str, set[str]] = {}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ExceptHandler) and node.name and node.type is not None:
+                    bound.setdefault(node.name, set()).add(ast.unparse(node.type))
+            found += [f"{path.name}:{fn.lineno} {n} {sorted(t)}" for n, t in bound.items() if len(t) > 1]
+    assert found == []
+
+
+def test_a_class_with_a_python_base_says_how_it_compiles() -> None:
+    """A compiled class whose base is a Python class (logging's, uvicorn's, asyncio's, ours left
+    Python) carries ``mypyc_attr``: ``native_class=False`` keeps it a Python class with compiled
+    methods, ``allow_interpreted_subclasses`` lets Python subclass it. Unmarked, such a class lost
+    its base's class attributes and crashed the interpreter in a garbage collection."""
+    compiled = _compiled_names()
+    unmarked = []
+    for path in _compiled():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {ast.unparse(b.value if isinstance(b, ast.Subscript) else b) for b in node.bases}
+            foreign = {b for b in bases if b.rpartition(".")[2] not in compiled | _PLAIN_BASES}
+            marked = any("mypyc_attr" in ast.unparse(d) for d in node.decorator_list)
+            if foreign and not marked:
+                unmarked.append(f"{path.name}:{node.lineno} {node.name}({', '.join(sorted(foreign))})")
+    assert unmarked == []
+
+
+def test_no_final_tuple_is_unpacked_with_a_star() -> None:
+    """``(0.0, *DELAYS)`` of a ``Final`` tuple compiles to a read of a constant mypyc never set: a
+    NameError at run time (mypy 2.4; met when the KV-event subscriber was compiled)."""
+    found = []
+    for path in _compiled():
+        tree = ast.parse(path.read_text())
+        finals = {
+            node.target.id
+            for node in tree.body
+            if isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and "Final" in ast.unparse(node.annotation)
+        }
+        found += [
+            f"{path.name}:{node.lineno} *{node.value.id}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Starred) and isinstance(node.value, ast.Name) and node.value.id in finals
+        ]
+    assert found == []
