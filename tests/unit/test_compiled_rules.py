@@ -23,15 +23,14 @@ def _compiled() -> list[Path]:
     return [p for p in out if p not in excluded]
 
 
-def _local_classes(tree: ast.Module) -> set[str]:
-    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-
-
 def _compiled_names() -> set[str]:
-    names: set[str] = set()
-    for path in _compiled():
-        names |= _local_classes(ast.parse(path.read_text()))
-    return names
+    """The names of the classes the compiled modules define."""
+    return {
+        node.name
+        for path in _compiled()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
 
 
 def test_the_hook_names_modules_that_exist() -> None:
