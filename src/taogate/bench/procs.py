@@ -25,7 +25,7 @@ from typing import IO
 
 import httpx
 
-__all__ = ["Child", "LaunchError", "cpu_seconds", "free_port", "launch", "rss_bytes"]
+__all__ = ["Child", "LaunchError", "child_env", "cpu_seconds", "free_port", "launch", "rss_bytes"]
 
 STOP_TIMEOUT_S = 15.0
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -101,6 +101,18 @@ def _nice_session(pid: int, niceness: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(f"{niceness}\n")
 
 
+def child_env(env: Mapping[str, str] | None, cwd: Path | None) -> dict[str, str] | None:
+    """The environment for a child started in ``cwd``: a relative ``PYTHONPATH`` entry (such as
+    ``build/compiled/site``) is made absolute against ours, so the child imports what we meant."""
+    if cwd is None:
+        return dict(env) if env is not None else None
+    out = dict(env if env is not None else os.environ)
+    if out.get("PYTHONPATH"):
+        parts = out["PYTHONPATH"].split(os.pathsep)
+        out["PYTHONPATH"] = os.pathsep.join(str(Path(p).absolute()) if p else p for p in parts)
+    return out
+
+
 def _tail(log: Path | None, n: int = 20) -> str:
     if log is None:
         return ""
@@ -143,7 +155,7 @@ async def launch(
             stdin=asyncio.subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            env=dict(env) if env is not None else None,
+            env=child_env(env, cwd),
             cwd=cwd,
             start_new_session=True,  # its own process group: a stop reaches whatever it started
             preexec_fn=_preexec(die_with_parent, niceness),
