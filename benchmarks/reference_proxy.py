@@ -36,8 +36,9 @@ import uvloop
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from taogate.connection_limits import ListenerLimits
 from taogate.h1 import Origin, Pool
-from taogate.listener import ListenerLimits, protocol_class
+from taogate.listener import protocol_class
 
 DROPPED_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "authorization"}
 Forward = Callable[[str, bytes, dict[str, str]], Awaitable[Response]]

@@ -1,11 +1,12 @@
-"""What one client connection may cost: uvicorn's httptools protocol, with limits and a cycle of ours.
+"""The client-facing protocol: uvicorn's httptools protocol, with limits and a cycle of ours.
 
 uvicorn bounds none of this itself: httptools grows a header value by concatenation per read (a huge
 head costs the square of its size before any callback can object), no timer is armed until a first
 response is done, trailers are merged into the headers, and connections are accepted until the
 process runs out of file descriptors. ``protocol_class(limits)`` returns a subclass that counts the
 bytes fed to the parser, bounds the URL, head and fields, times the head, drops trailers and caps
-the connections (shedding a lingering or the longest-idle one), answering in OpenAI's error shape
+the connections (shedding a lingering or the longest-idle one; the limits and the census of
+connections are ``taogate.connection_limits``'s), answering in OpenAI's error shape
 with ``connection: close`` (414, 431, 408, 400). A connection closed before its request's body is
 all in lingers a moment, reading and discarding, so the client reads the answer instead of a reset.
 Each request is served by ``taogate.cycle.Cycle`` (uvicorn's cycle, at less cost per request), from
@@ -18,12 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import logging
 import math
-import time
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 import httptools
@@ -31,12 +29,11 @@ from mypy_extensions import mypyc_attr
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from taogate.connection_limits import ConnectionCensus, ListenerLimits, Reject, field_refused, too_large
 from taogate.cycle import METHODS, ASGIApp, Cycle, request_target
 from taogate.errors import error_body
 
-__all__ = ["LimitedProtocol", "ListenerLimits", "protocol_class"]
-
-log = logging.getLogger("taogate.listener")
+__all__ = ["LimitedProtocol", "protocol_class"]
 
 #: A connection closed before its request was all in is still read (and discarded) while the
 #: client sends, for up to ``_LINGER_S`` in all and ``_LINGER_IDLE_S`` between reads (nginx's
@@ -45,66 +42,13 @@ log = logging.getLogger("taogate.listener")
 _LINGER_S = 30.0
 _LINGER_IDLE_S = 5.0
 _LINGER_BYTES = 256 * 1024
-#: Seconds between two warnings of one kind (the count in between is reported).
-_WARN_EVERY_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerLimits:
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 100
-    max_url_bytes: int = 8 * 1024
-    header_timeout: float = 10.0
-    max_connections: int = 4096
-
-
-class _Reject(Exception):
-    """Raised in a parser callback: the request is answered ``status`` and the connection closed."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-@dataclass(slots=True)
-class _Listener:
-    """State shared by one server's connections."""
-
-    limits: ListenerLimits
-    idle: dict[LimitedProtocol, None] = field(default_factory=dict)  # oldest first
-    lingering: dict[LimitedProtocol, None] = field(default_factory=dict)
-    _warned: dict[str, tuple[float, int]] = field(default_factory=dict)
-
-    def warn(self, kind: str, message: str) -> None:
-        """A warning per kind at most every few seconds, with how many were not logged."""
-        now = time.monotonic()
-        last, skipped = self._warned.get(kind, (0.0, 0))
-        if now - last < _WARN_EVERY_S:
-            self._warned[kind] = (last, skipped + 1)
-            return
-        self._warned[kind] = (now, 0)
-        more = f" ({skipped} more since the last such warning)" if skipped else ""
-        log.warning("%s%s", message, more)
-
-    def shed(self, newcomer: LimitedProtocol) -> bool:
-        """Close a lingering connection, else the longest-idle one, to make room; False when none
-        is either."""
-        for pool in (self.lingering, self.idle):
-            for victim in pool:
-                if victim is not newcomer:
-                    del pool[victim]
-                    victim.transport.abort()  # close() would wait for a client that does not read
-                    return True
-        return False
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class LimitedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits of ``_listener`` (see the module docstring)."""
 
-    _listener: ClassVar[_Listener]
+    _listener: ClassVar[ConnectionCensus]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -177,13 +121,13 @@ class LimitedProtocol(HttpToolsProtocol):
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            if isinstance(cause, _Reject):
+            if isinstance(cause, Reject):
                 self._reject(cause)
             else:
-                self._reject(_Reject(400, "invalid_http_request", "Invalid HTTP request received."))
+                self._reject(Reject(400, "invalid_http_request", "Invalid HTTP request received."))
             return
         except httptools.HttpParserError:
-            self._reject(_Reject(400, "invalid_http_request", "Invalid HTTP request received."))
+            self._reject(Reject(400, "invalid_http_request", "Invalid HTTP request received."))
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -200,7 +144,7 @@ class LimitedProtocol(HttpToolsProtocol):
         # chunk-size line) that does not end. Stops httptools' quadratic accumulation early.
         self._stalled += len(data)
         if self._stalled > self._limits.max_header_bytes:
-            self._reject(_too_large(self._limits))
+            self._reject(too_large(self._limits))
 
     # -- parser callbacks ----------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -216,7 +160,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._url_len += len(url)
         limits = self._limits
         if self._url_len > limits.max_url_bytes:
-            raise _Reject(414, "uri_too_long", f"The request target exceeds {limits.max_url_bytes} bytes.")
+            raise Reject(414, "uri_too_long", f"The request target exceeds {limits.max_url_bytes} bytes.")
         self._head_budget = limits.max_header_bytes - self._url_len
         self._url_parts.append(url)
 
@@ -226,7 +170,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._head_size = size = self._head_size + len(name) + len(value) + 4
         headers = self.headers
         if size > self._head_budget or len(headers) >= self._limits.max_headers:
-            raise _field_refused(self._limits, len(headers))
+            raise field_refused(self._limits, len(headers))
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -366,14 +310,14 @@ class LimitedProtocol(HttpToolsProtocol):
             self._arm()  # the next head came early, behind a request still running
             return
         self._reject(
-            _Reject(
+            Reject(
                 408,
                 "header_timeout",
                 f"The request head was not received within {self._limits.header_timeout:g}s.",
             )
         )
 
-    def _reject(self, rejection: _Reject) -> None:
+    def _reject(self, rejection: Reject) -> None:
         """Answer (unless a response is under way: then only close), read and discard what the
         client still sends for a moment, then close."""
         self._cancel()
@@ -431,20 +375,9 @@ class LimitedProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_at(due, self._lingered)
 
 
-def _field_refused(limits: ListenerLimits, fields: int) -> _Reject:
-    """Why one more field is refused: too many of them, else a head too large."""
-    if fields >= limits.max_headers:
-        return _Reject(431, "too_many_headers", f"More than {limits.max_headers} request header fields.")
-    return _too_large(limits)
-
-
-def _too_large(limits: ListenerLimits) -> _Reject:
-    return _Reject(431, "header_too_large", f"The request head exceeds {limits.max_header_bytes} bytes.")
-
-
 def protocol_class(limits: ListenerLimits) -> type[LimitedProtocol]:
     """A protocol class for one server (its connections share the cap and the idle order)."""
     return cast(
         type[LimitedProtocol],
-        type("LimitedProtocol", (LimitedProtocol,), {"_listener": _Listener(limits)}),
+        type("LimitedProtocol", (LimitedProtocol,), {"_listener": ConnectionCensus(limits)}),
     )

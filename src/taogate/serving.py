@@ -21,7 +21,8 @@ from typing import Any
 
 import uvicorn
 
-from taogate.listener import ListenerLimits, protocol_class
+from taogate.connection_limits import ListenerLimits
+from taogate.listener import protocol_class
 from taogate.settings import GatewaySettings
 
 #: Startup runs one probe round, warm-up prefills included: against busy engines on a small machine

@@ -11,8 +11,9 @@ import gc
 from collections.abc import Iterator
 from typing import Any
 
+from taogate.connection_limits import ListenerLimits
 from taogate.h1.connection import Connection
-from taogate.listener import LimitedProtocol, ListenerLimits, protocol_class
+from taogate.listener import LimitedProtocol, protocol_class
 from taogate.serving import serve_asgi
 from tests.conftest import wait_until
 from tests.transport.test_h1 import OK, pool, read_request, script

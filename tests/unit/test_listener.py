@@ -18,8 +18,9 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from taogate.connection_limits import ListenerLimits
 from taogate.cycle import request_target
-from taogate.listener import LimitedProtocol, ListenerLimits, protocol_class
+from taogate.listener import LimitedProtocol, protocol_class
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import GatewaySettings
 
