@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from taogate import __version__
 from taogate.admin_client import AdminError, admin_call
+from taogate.build import BUILD
 from taogate.config_files import load_settings, redacted_dump
 from taogate.dispatch.types import STRATEGIES
 from taogate.observe.logs import (
@@ -143,6 +144,7 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
     sink = (lambda line: access.write_info(ACCESS_LOGGER, line)) if access is not None else None
     application = create_app(settings, settings_source=source, access_sink=sink)
     tune_runtime()
+    logging.getLogger("taogate").info("taogate %s, request path: %s", __version__, BUILD)
     g = settings.gateway
     server = Server(
         uvicorn.Config(

@@ -31,6 +31,8 @@ import httpx
 import pytest
 import yaml
 
+from taogate import __version__
+from taogate.build import BUILD
 from taogate.config_files import load_settings
 from taogate.serving import bind_socket
 from taogate.settings import GatewaySettings
@@ -361,6 +363,8 @@ async def test_compose_command_lines_run_on_loopback(tmp_path: Path) -> None:
         code = await asyncio.wait_for(procs[-1].wait(), SHUTDOWN_TIMEOUT + 5)
         # uvicorn re-raises SIGTERM after its graceful shutdown; the unit's SuccessExitStatus covers both.
         assert code in (-signal.SIGTERM, 128 + signal.SIGTERM), code
+        gateway_log = (logs / f"{len(emulators)}.log").read_text()
+        assert f"taogate {__version__}, request path: {BUILD}" in gateway_log, gateway_log[-2000:]
 
 
 # --- Kubernetes -----------------------------------------------------------------------------------------

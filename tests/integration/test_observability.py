@@ -56,6 +56,7 @@ async def test_metrics_pass_promtool(gw: Running) -> None:
         "taogate_instance_breaker_state",
         "taogate_rejections_total",
         "taogate_queue_length",
+        "taogate_build_info",
     ):
         assert name in text, name
     proc = await asyncio.create_subprocess_exec(

@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from taogate import __version__
+from taogate.build import BUILD
 from taogate.fleet.engine import hit_rate
 from taogate.observe.plain_metrics import CounterChild as PlainCounterChild
 from taogate.observe.plain_metrics import HistogramChild, PlainCounter, PlainHistogram
@@ -50,6 +52,12 @@ class GatewayMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._metrics: dict[int, Metered] = {}
         self._series: dict[tuple[str, str, str, str, str], RequestSeries] = {}
+        self.build = Info(
+            "taogate_build",
+            "The running taogate: its version, and whether its request path is compiled or Python.",
+            registry=registry,
+        )
+        self.build.info({"version": __version__, "request_path": BUILD})
         self.requests = PlainCounter(
             "taogate_requests",
             "Requests answered, by route, model, instance, status class and tag.",
