@@ -31,7 +31,7 @@ _FOLLOW_ALPHA: Final = 0.3
 _FOLLOW_ON: Final = 0.5  # their mean hit ratio from which they are priced as hits
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class _Entry:
     blocks: int
     reusable: bool  # a prefix key's blocks (a later request may hit them), or an anonymous remainder
@@ -39,8 +39,22 @@ class _Entry:
     uses: int = 0  # dispatches that used it
     computed: bool = False  # the engine has computed it (evidence seen since it entered the model)
 
+    def __init__(
+        self,
+        blocks: int,
+        reusable: bool,
+        pinned: int = 0,
+        uses: int = 0,
+        computed: bool = False,
+    ) -> None:
+        self.blocks = blocks
+        self.reusable = reusable
+        self.pinned = pinned
+        self.uses = uses
+        self.computed = computed
 
-@dataclass(slots=True)
+
+@dataclass(init=False, slots=True)
 class Ticket:
     """What one dispatch put into the model, to take it out again when the request ends. Never
     changed once built; not ``frozen``, which would set each field through ``object.__setattr__``
@@ -50,6 +64,12 @@ class Ticket:
     anon: int
     predicted: int  # hit tokens predicted at dispatch (before trust)
     follow: int = 0  # the hit a follower could get, when its key was in flight here (not computed)
+
+    def __init__(self, key: int | None, anon: int, predicted: int, follow: int = 0) -> None:
+        self.key = key
+        self.anon = anon
+        self.predicted = predicted
+        self.follow = follow
 
 
 class PrefixCacheModel:

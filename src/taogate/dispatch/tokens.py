@@ -39,7 +39,7 @@ _CJK = re.compile(
 )
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class PromptSize:
     """What the model will see, as features a linear token rule can weigh. A value, never changed
     once built (not frozen: that costs an ``object.__setattr__`` call per field, once per request)."""
@@ -50,6 +50,22 @@ class PromptSize:
     messages: int = 0  # chat messages (each carries template overhead)
     media: int = 0  # non-text parts (image, audio, file): a fixed cost each
     tokens: int = 0  # tokens known exactly: explicit token ids, or an exact tokenizer's count
+
+    def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
+        self,
+        ascii: int = 0,
+        cjk: int = 0,
+        other: int = 0,
+        messages: int = 0,
+        media: int = 0,
+        tokens: int = 0,
+    ) -> None:
+        self.ascii = ascii
+        self.cjk = cjk
+        self.other = other
+        self.messages = messages
+        self.media = media
+        self.tokens = tokens
 
     def __add__(self, other: PromptSize) -> PromptSize:
         return PromptSize(

@@ -73,7 +73,7 @@ class CacheView(Protocol):
 ViewTerms = tuple[object, float, float, float, float, float, float]
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class InstanceView:
     """One instance as the dispatcher sees it at one moment."""
 
@@ -98,6 +98,45 @@ class InstanceView:
     # that prices it: a view never changes once built, and a kept one is priced by many dispatches.
     load_terms: ViewTerms | None = field(default=None, init=False, compare=False, repr=False)
 
+    def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
+        self,
+        name: str,
+        role: Role = "any",
+        models: frozenset[str] = frozenset(),
+        available: bool = True,
+        inflight: int = 0,
+        cap: int = 32,
+        prefill_tokens: int = 0,
+        decoding: int = 0,
+        prefilling: int | None = None,
+        speed: float = 10_000.0,
+        base_latency: float = 0.0,
+        decode_seconds_per_token: float = 0.0,
+        uncached_ratio: float = 1.0,
+        engine: EngineStats | None = None,
+        overflow: bool = False,
+        cache: CacheView | None = None,
+        prefill_work: int | None = None,
+    ) -> None:
+        self.name = name
+        self.role = role
+        self.models = models
+        self.available = available
+        self.inflight = inflight
+        self.cap = cap
+        self.prefill_tokens = prefill_tokens
+        self.decoding = decoding
+        self.prefilling = prefilling
+        self.speed = speed
+        self.base_latency = base_latency
+        self.decode_seconds_per_token = decode_seconds_per_token
+        self.uncached_ratio = uncached_ratio
+        self.engine = engine
+        self.overflow = overflow
+        self.cache = cache
+        self.prefill_work = prefill_work
+        self.load_terms = None
+
     @property
     def has_room(self) -> bool:
         return self.inflight < self.cap
@@ -113,7 +152,7 @@ class InstanceView:
         return model is None or not self.models or model in self.models
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class RequestFacts:
     """What dispatch needs to know about one request, read once from its body."""
 
@@ -129,13 +168,51 @@ class RequestFacts:
     tenant: str = ""  # the client key's name: the gateway queue's fair share between keys
     receipt: bool = False  # the client (or [dispatch] route_receipt) asked why it goes where it goes
 
+    def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
+        self,
+        model: str | None,
+        prompt_tokens: int,
+        long: bool,
+        prefix_key: int | None = None,
+        prefix_tokens: int = 0,
+        stream: bool = False,
+        max_tokens: int | None = None,
+        priority: int = 0,
+        blocks: PromptBlocks | None = None,
+        tenant: str = "",
+        receipt: bool = False,
+    ) -> None:
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.long = long
+        self.prefix_key = prefix_key
+        self.prefix_tokens = prefix_tokens
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.blocks = blocks
+        self.tenant = tenant
+        self.receipt = receipt
 
-@dataclass(slots=True)
+
+@dataclass(init=False, slots=True)
 class Send:
     instance: str
     reason: PickReason
     channel_fallback: bool = False  # the request's own channel had no healthy instance
     work: int | None = field(default=None, compare=False)  # expected prefill there (less its hit)
+
+    def __init__(
+        self,
+        instance: str,
+        reason: PickReason,
+        channel_fallback: bool = False,
+        work: int | None = None,
+    ) -> None:
+        self.instance = instance
+        self.reason = reason
+        self.channel_fallback = channel_fallback
+        self.work = work
 
 
 @dataclass(frozen=True, slots=True)

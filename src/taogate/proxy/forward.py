@@ -27,7 +27,7 @@ from taogate.proxy.upstream import downstream_headers
 __all__ = ["Forward", "chosen_request_id", "item_id", "plan", "upstream_path"]
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class Forward:
     """One request's upstream side: method, path, headers and body, and the per-instance parts."""
 
@@ -43,6 +43,30 @@ class Forward:
     # Ask a vLLM instance for its load with the answer (fresher than a scrape); the client did not
     # ask, so the answer's header is the gateway's alone (``downstream_headers(drop_load=...)``).
     ask_load: bool = False
+
+    def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
+        self,
+        method: bytes,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | StreamedBody,
+        tell_priority: int | None = None,
+        priority_in_body: bool = True,
+        ids: ResponseIds | None = None,
+        mint: bool = False,
+        chosen_id: str | None = None,
+        ask_load: bool = False,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+        self.tell_priority = tell_priority
+        self.priority_in_body = priority_in_body
+        self.ids = ids
+        self.mint = mint
+        self.chosen_id = chosen_id
+        self.ask_load = ask_load
 
     def answer_headers(
         self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str, receipt: str | None = None

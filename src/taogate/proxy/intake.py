@@ -201,7 +201,7 @@ def _heads(
     return found[0], found[1], found[2], found[3], found[4], found[5]
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class Incoming:
     """What the pipeline needs of one request, read once from its headers and body (and only read
     after: not frozen, as a frozen dataclass pays a ``object.__setattr__`` call per field to build)."""
@@ -214,6 +214,26 @@ class Incoming:
     payload: dict[str, Any] | None = None  # the JSON body, read only
     tell_priority: int | None = None  # what a priority instance is told (proxy.priority)
     upload: StreamedBody | None = None  # a body streamed upstream as it arrives
+
+    def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
+        self,
+        body: bytes,
+        model: str | None,
+        facts: RequestFacts,
+        size: PromptSize,
+        tag: bytes | None,
+        payload: dict[str, Any] | None = None,
+        tell_priority: int | None = None,
+        upload: StreamedBody | None = None,
+    ) -> None:
+        self.body = body
+        self.model = model
+        self.facts = facts
+        self.size = size
+        self.tag = tag
+        self.payload = payload
+        self.tell_priority = tell_priority
+        self.upload = upload
 
 
 #: Bodies above this are tokenized and hashed (precise mode) in a thread, off the event loop.

@@ -17,14 +17,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import Receive, Send
 
 from taogate import h1
-from taogate.dispatch.tokens import PromptSize
-from taogate.dispatch.types import RequestFacts
 from taogate.errors import BadRequest, ErrorShape, GatewayError, NoInstance, UpstreamError
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.events import FleetEvents
@@ -36,7 +33,8 @@ from taogate.observe.dropped import DroppedResponses
 from taogate.observe.metrics import GatewayMetrics
 from taogate.proxy.auth import KeyCheck, header
 from taogate.proxy.disconnect import DisconnectWatch
-from taogate.proxy.forward import Forward, plan
+from taogate.proxy.exchange import Exchange
+from taogate.proxy.forward import plan
 from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
 from taogate.proxy.multipart import ClientLeft
 from taogate.proxy.relay import relay_sse
@@ -62,31 +60,6 @@ log = logging.getLogger("taogate.gateway")
 
 #: Seconds a request runs before the gateway starts watching for its client to go away.
 WATCH_AFTER = 0.05
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One proxied request as it moves through the pipeline."""
-
-    route: Route
-    facts: RequestFacts
-    size: PromptSize
-    forward: Forward  # what goes upstream (per attempt, what the instance alone is told)
-    rid: bytes
-    send: Send
-    rec: RequestRecord
-    exclude: frozenset[str] = frozenset()  # never these (a stored response lives elsewhere)
-    attempt: int = 0  # which attempt this is (1 = the first)
-    tried: frozenset[str] = frozenset()  # the instances tried so far, this attempt's included
-    started: bool = False  # a response has begun downstream: no more retries, no error JSON
-    finished: bool = False  # the last body message is being sent: a disconnect now is not a hang-up
-
-    def last_message(self) -> None:
-        self.finished = True
-
-    @property
-    def reading(self) -> bool:
-        return self.forward.reading
 
 
 class InFlight:

@@ -50,7 +50,7 @@ class KeyStats:
     last: Counts | None = None  # its counters after its latest check
 
 
-@dataclass(slots=True)
+@dataclass(init=False, slots=True)
 class Admission:
     """One admitted request: what it reserved, and the headers its response carries."""
 
@@ -60,6 +60,22 @@ class Admission:
     reserved: int = 0
     bucket: int | None = None  # where its tokens were reserved (None: nowhere)
     released: bool = False
+
+    def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
+        self,
+        tenant: Tenant,
+        stats: KeyStats,
+        headers: list[tuple[bytes, bytes]],
+        reserved: int = 0,
+        bucket: int | None = None,
+        released: bool = False,
+    ) -> None:
+        self.tenant = tenant
+        self.stats = stats
+        self.headers = headers
+        self.reserved = reserved
+        self.bucket = bucket
+        self.released = released
 
 
 def _admitted(admission: Admission) -> Admission:
