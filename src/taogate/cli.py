@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import signal
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -141,7 +142,7 @@ def serve(
 async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler | None = None) -> None:
     from taogate.app import create_app
 
-    sink = (lambda line: access.write_info(ACCESS_LOGGER, line)) if access is not None else None
+    sink = partial(access.write_info, ACCESS_LOGGER) if access is not None else None
     application = create_app(settings, settings_source=source, access_sink=sink)
     tune_runtime()
     logging.getLogger("taogate").info("taogate %s, request path: %s", __version__, BUILD)
@@ -208,7 +209,7 @@ def pick(
         typer.echo(f"taogate: {exc}", err=True)
         raise typer.Exit(2) from None
     source = (lambda: load_settings(cfg_path, client_settings, overrides)) if cfg_path is not None else None
-    sink = (lambda line: access.write_info(ACCESS_LOGGER, line)) if access is not None else None
+    sink = partial(access.write_info, ACCESS_LOGGER) if access is not None else None
 
     def ready(running: RunningPicker) -> None:
         tune_runtime()
