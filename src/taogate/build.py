@@ -1,6 +1,6 @@
 """Which build of taogate runs: the request path compiled by mypyc (``make compiled``), or Python.
 
-The two serve the same requests; the compiled one costs about two thirds of the instructions a
+The two serve the same requests; the compiled one costs about half the instructions a
 request (benchmarks/README.md). ``taogate serve`` logs which one it is at start, and /metrics says
 it as ``taogate_build_info``, so a CPU figure can be read against the build that made it.
 """
