@@ -46,9 +46,9 @@ _LINGER_BYTES = 256 * 1024
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class LimitedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of ``_listener`` (see the module docstring)."""
+    """uvicorn's httptools protocol with the limits of ``_census`` (see the module docstring)."""
 
-    _listener: ClassVar[ConnectionCensus]
+    _census: ClassVar[ConnectionCensus]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,7 +57,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
         self._fresh_context = self.config.reset_contextvars
         self._idle_since: float | None = None  # when the last response ended, if nothing came since
-        self._limits = self._listener.limits
+        self._limits = self._census.limits
         self._head_started = False  # a request's head has begun and not ended
         self._progress = False  # the parser got past a head, a body piece or a message this read
         self._stalled = 0  # bytes fed since the parser last made progress
@@ -77,23 +77,23 @@ class LimitedProtocol(HttpToolsProtocol):
     # -- the connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        listener = self._listener
-        if len(self.connections) > self._limits.max_connections and not listener.shed(self):
-            listener.warn(
+        census = self._census
+        if len(self.connections) > self._limits.max_connections and not census.shed(self):
+            census.warn(
                 "refused",
                 f"client connection refused: {self._limits.max_connections} connections are open "
                 "and none is idle ([gateway] max_client_connections)",
             )
             transport.abort()
             return
-        listener.idle[self] = None
+        census.idle[self] = None
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # uvicorn's own, with this class's timers and pools, and the cycle told.
         self._cancel()
-        self._listener.idle.pop(self, None)
-        self._listener.lingering.pop(self, None)
+        self._census.idle.pop(self, None)
+        self._census.lingering.pop(self, None)
         self.connections.discard(self)
         self.pipeline.clear()  # queued cycles hold this protocol
         cycle = self.cycle
@@ -184,7 +184,7 @@ class LimitedProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._listener.idle.pop(self, None)
+        self._census.idle.pop(self, None)
         parser = self.parser
         http_version = parser.get_http_version()
         method = parser.get_method()
@@ -268,7 +268,7 @@ class LimitedProtocol(HttpToolsProtocol):
             due = now + self._keep_alive
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
         if not self._rejected:
-            idle = self._listener.idle
+            idle = self._census.idle
             idle.pop(self, None)
             idle[self] = None  # the most recently idle, last
 
@@ -286,7 +286,7 @@ class LimitedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
 
     def _unsupported_upgrade_warning(self) -> None:
-        self._listener.warn("upgrade", "a client asked to upgrade the connection; it stays HTTP/1.1")
+        self._census.warn("upgrade", "a client asked to upgrade the connection; it stays HTTP/1.1")
 
     # -- timers and rejections -----------------------------------------------------------------
     def _arm(self) -> None:
@@ -322,7 +322,7 @@ class LimitedProtocol(HttpToolsProtocol):
         client still sends for a moment, then close."""
         self._cancel()
         self._rejected = True
-        self._listener.warn(rejection.code, f"client request refused: {rejection.message}")
+        self._census.warn(rejection.code, f"client request refused: {rejection.message}")
         transport = self.transport
         if self.cycle is not None and not self.cycle.response_complete:
             transport.close()
@@ -363,8 +363,8 @@ class LimitedProtocol(HttpToolsProtocol):
         self._linger_end = now + _LINGER_S
         self._cancel()
         self._timer = self.loop.call_at(now + _LINGER_IDLE_S, self._lingered)
-        self._listener.idle.pop(self, None)
-        self._listener.lingering[self] = None
+        self._census.idle.pop(self, None)
+        self._census.lingering[self] = None
 
     def _lingered(self) -> None:
         due = min(self._linger_end, self._last_read + _LINGER_IDLE_S)
@@ -379,5 +379,5 @@ def protocol_class(limits: ListenerLimits) -> type[LimitedProtocol]:
     """A protocol class for one server (its connections share the cap and the idle order)."""
     return cast(
         type[LimitedProtocol],
-        type("LimitedProtocol", (LimitedProtocol,), {"_listener": ConnectionCensus(limits)}),
+        type("LimitedProtocol", (LimitedProtocol,), {"_census": ConnectionCensus(limits)}),
     )

@@ -173,10 +173,10 @@ def test_the_gateway_is_served_with_the_limited_protocol_and_its_limits() -> Non
     options = gateway_server_options(cfg)
     cls = options["http"]
     assert issubclass(cls, LimitedProtocol)
-    limits = cls._listener.limits
+    limits = cls._census.limits
     assert (limits.max_headers, limits.header_timeout, limits.max_connections) == (20, 3.0, 100)
     assert options["timeout_keep_alive"] == 9.0 and options["ws"] == "none"
-    assert protocol_class(limits)._listener is not cls._listener  # one server, one set of connections
+    assert protocol_class(limits)._census is not cls._census  # one server, one set of connections
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
