@@ -12,15 +12,16 @@ from typing import Any, NoReturn
 
 import pytest
 
-import taogate.fleet.instance
+import taogate
 from taogate.app import RunningGateway, serve_gateway
 from taogate.bench.scenarios import loopback_settings
+from taogate.build import build_of
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import Fleet, run_fleet
 from taogate.settings import Settings
 
 #: The compiled build (``make compiled``) is what the tests import: its classes are closed.
-COMPILED = (taogate.fleet.instance.__file__ or "").endswith(".so")
+COMPILED = build_of("taogate.fleet.instance") == "compiled"
 
 
 def pytest_configure(config: pytest.Config) -> None:
