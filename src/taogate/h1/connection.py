@@ -11,12 +11,10 @@ not headers (RFC 9110 §6.5.1): they are dropped."""
 from __future__ import annotations
 
 import asyncio
-import asyncio.protocols  # named for mypyc: a compiled subclass's C refers to the base's module
 from collections.abc import AsyncIterable
 from typing import Final, Protocol, cast
 
 import httptools
-from mypy_extensions import mypyc_attr
 
 from .errors import MalformedResponse, ReadTimeout, RemoteProtocolError, WriteError, WriteTimeout
 from .limits import Limits
@@ -43,9 +41,12 @@ class Owner(Protocol):
     def _forget(self, conn: Connection) -> None: ...
 
 
-@mypyc_attr(native_class=False)
-class Connection(asyncio.protocols.Protocol):
-    """One keep-alive connection to one origin; at most one request at a time."""
+class Connection:
+    """One keep-alive connection to one origin; at most one request at a time.
+
+    An asyncio protocol by its methods, not by subclassing ``asyncio.Protocol``: the event loops
+    (asyncio's, uvloop's, their TLS layers) call a protocol's methods by name, and a class with no
+    Python base compiles to a native class, whose attributes are read without a dict look-up."""
 
     def __init__(self, pool: Owner, origin: Origin) -> None:
         self.pool = pool
@@ -111,6 +112,9 @@ class Connection(asyncio.protocols.Protocol):
     def _refuse(self, r: Response, why: str) -> None:
         r._fail(MalformedResponse, f"{self.origin.host}:{self.origin.port} {why}")
         self.abort()
+
+    def eof_received(self) -> None:
+        """None: the transport closes, and ``connection_lost`` follows (``asyncio.Protocol``'s)."""
 
     def pause_writing(self) -> None:
         if self._writable is None:

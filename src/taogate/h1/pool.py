@@ -10,6 +10,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from .connection import Connection
 from .errors import ConnectError, ConnectTimeout, InvalidRequest, PoolTimeout, RemoteProtocolError
@@ -205,8 +206,8 @@ class Pool:
             self._ssl = ssl.create_default_context()
         try:
             async with asyncio.timeout(self.limits.connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: Connection(self, origin),
+                _, made = await loop.create_connection(
+                    lambda: cast(asyncio.Protocol, Connection(self, origin)),
                     origin.host,
                     origin.port,
                     ssl=self._ssl if tls else None,
@@ -223,6 +224,7 @@ class Pool:
         except BaseException:
             self._slot_freed()
             raise
+        conn = cast(Connection, made)
         sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
