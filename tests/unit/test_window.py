@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import statistics
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.fleet.window import RollingWindow
+from taogate.fleet.window import RollingWindow, percentile_cut
 
 
 def test_counts_expire_after_the_window() -> None:
@@ -32,3 +34,16 @@ def test_window_matches_a_naive_count(events: list[tuple[float, int]]) -> None:
     s = w.stats(now)
     assert s.requests == len(expected)
     assert s.prompt_tokens == sum(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=600),
+    st.integers(1, 99),
+)
+def test_a_percentile_cut_is_the_statistics_modules_float(values: list[float], i: int) -> None:
+    ordered = sorted(values)
+    expected = (
+        statistics.quantiles(ordered, n=100, method="inclusive")[i - 1] if len(ordered) > 1 else ordered[0]
+    )
+    assert percentile_cut(ordered, i) == expected
