@@ -37,7 +37,18 @@ _CLAMP_SIGMAS: Final = 3.0  # innovations beyond this many sigmas are clipped (H
 _FORGET: Final = 0.995  # slow forgetting, so a model that changes is relearned
 
 
-def _features(size: PromptSize) -> tuple[float, ...]:
+#: One request's features, in the coefficients' order. A fixed-length tuple of floats compiles to
+#: unboxed fields, where ``tuple[float, ...]`` boxes each.
+Features = tuple[float, float, float, float, float, float]
+
+
+def _dot(w: list[float], x: Features) -> float:
+    """The products of ``w`` and ``x`` added in feature order: the value ``sum`` of them gives
+    (the same additions, after an integer 0), with no tuple of boxed products to build."""
+    return w[0] * x[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3] + w[4] * x[4] + w[5] * x[5]
+
+
+def _features(size: PromptSize) -> Features:
     return (
         float(size.ascii),
         float(size.cjk),
@@ -60,18 +71,16 @@ class _Fit:
         self.p = [[self.prior_var[i] if i == j else 0.0 for j in range(_N)] for i in range(_N)]
         self.n = 0
 
-    def predict(self, x: tuple[float, ...]) -> float:
-        w = self.w
-        return sum((w[0] * x[0], w[1] * x[1], w[2] * x[2], w[3] * x[3], w[4] * x[4], w[5] * x[5]))
+    def predict(self, x: Features) -> float:
+        return _dot(self.w, x)
 
-    def update(self, x: tuple[float, ...], y: float) -> None:
-        """One RLS step. Sums are of tuples written out for the six features (a generator per sum
-        cost more than the arithmetic); each adds the same products in the same order as a loop
+    def update(self, x: Features, y: float) -> None:
+        """One RLS step. Each sum over the six features is ``_dot``, written out (a generator per
+        sum cost more than the arithmetic); it adds the same products in the same order as a loop
         over the features, so the fit is the same float for float (a property test holds it)."""
         p = self.p
-        x0, x1, x2, x3, x4, x5 = x
-        px = [sum((r[0] * x0, r[1] * x1, r[2] * x2, r[3] * x3, r[4] * x4, r[5] * x5)) for r in p]
-        xpx = sum((x0 * px[0], x1 * px[1], x2 * px[2], x3 * px[3], x4 * px[4], x5 * px[5]))
+        px = [_dot(r, x) for r in p]
+        xpx = _dot(px, x)
         pred = self.predict(x)
         noise = (_REL_NOISE * max(y, pred, 1.0)) ** 2 + _ABS_NOISE**2
         s = xpx + noise
@@ -112,17 +121,15 @@ class TokenEstimator:
             raise ValueError("chars_per_token must be positive")
         ascii_prior = min(_UPPER[0], max(_LOWER[0], 1.0 / chars_per_token))
         self._prior = (ascii_prior, _CJK_PRIOR, _OTHER_PRIOR, _MESSAGE_PRIOR, _MEDIA_PRIOR, _BIAS_PRIOR)
+        self._prior_w = list(self._prior)  # what a model with no fit yet estimates with
         self._max_models = max(1, max_models)
         self._fits: OrderedDict[str, _Fit] = OrderedDict()
 
     def estimate(self, model: str | None, size: PromptSize) -> int:
         """Estimated prompt tokens: always a finite integer ≥ 1."""
         fit = self._fits.get(model or "")
-        w = fit.w if fit is not None else self._prior
-        x = _features(size)  # the products in feature order, summed as a loop would (``_Fit.update``)
-        value = (
-            sum((w[0] * x[0], w[1] * x[1], w[2] * x[2], w[3] * x[3], w[4] * x[4], w[5] * x[5])) + size.tokens
-        )
+        w = fit.w if fit is not None else self._prior_w
+        value = _dot(w, _features(size)) + size.tokens
         if not math.isfinite(value):
             return 1
         return max(1, round(value))
