@@ -37,10 +37,11 @@ def admin_call(method: str, url: str, key: str) -> Any:
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Ctrl-C inside the block is raised when the block ends. Raised inside httpx's client, it can
-    leave its connection pool's lock held, and the close that follows then waits on that lock for
-    ever (``status --watch`` once did not exit). The call's timeout bounds the wait. Outside the
-    main thread, where signals are not handled, the block runs as it is."""
+    """Ctrl-C inside the block is raised when the block ends, over any error the block raised (a
+    call that failed meanwhile must not swallow it). Raised inside httpx's client, it can leave its
+    connection pool's lock held, and the close that follows then waits on that lock for ever
+    (``status --watch`` once did not exit). The call's timeout bounds the wait. Outside the main
+    thread, where signals are not handled, the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -55,5 +56,5 @@ def interrupts_held() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if interrupted:
-        raise KeyboardInterrupt
+        if interrupted:
+            raise KeyboardInterrupt  # over the block's own error, as Ctrl-C means to

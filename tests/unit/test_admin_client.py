@@ -3,7 +3,6 @@ raised inside httpx's client it could leave its pool's lock held and hang the ex
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
@@ -16,10 +15,18 @@ def test_ctrl_c_inside_the_block_is_raised_when_it_ends() -> None:
     before = signal.getsignal(signal.SIGINT)
     finished: list[bool] = []
     with pytest.raises(KeyboardInterrupt), interrupts_held():
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the call is in flight
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C while the call is in flight (in this thread)
         finished.append(True)  # the call runs to its end all the same
     assert finished == [True]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_during_a_call_that_fails_is_not_lost() -> None:
+    """``status --watch`` retries a call that could not reach the gateway: a Ctrl-C that came
+    during it must still end the watch, not go down with the call's error."""
+    with pytest.raises(KeyboardInterrupt), interrupts_held():
+        signal.raise_signal(signal.SIGINT)
+        raise ConnectionError("the gateway went away meanwhile")
 
 
 def test_a_block_without_ctrl_c_ends_quietly_and_its_errors_pass_through() -> None:

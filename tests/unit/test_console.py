@@ -4,7 +4,6 @@ cuts a header or a figure."""
 from __future__ import annotations
 
 import io
-import os
 import signal
 from typing import Any
 
@@ -144,7 +143,7 @@ def test_ctrl_c_between_fetches_ends_the_watch_at_once() -> None:
         return "unreachable"
 
     def sleep(_: float) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # in this thread: handled before it returns
         raise AssertionError("the interrupt did not end the sleep")
 
     with pytest.raises(KeyboardInterrupt):
