@@ -43,6 +43,15 @@ CHROMIUM_FLAGS = [
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
+async def wait_for_count(page: Any, selector: str, count: int) -> None:
+    """Until ``selector`` matches ``count`` elements. Playwright's own assertion, which polls from its
+    injected script: ``wait_for_function`` with a string evaluates it, which the page's CSP (no
+    ``unsafe-eval``) refuses once the first look does not already pass."""
+    from playwright.async_api import expect
+
+    await expect(page.locator(selector)).to_have_count(count, timeout=30_000)
+
+
 def _chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
@@ -142,7 +151,7 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
             await page.get_by_role("button", name="Connect").click()
 
             rows = page.locator("#rows tr")
-            await page.wait_for_function("document.querySelectorAll('#rows tr').length === 4")
+            await wait_for_count(page, "#rows tr", 4)
             names = [await rows.nth(i).get_attribute("data-instance") for i in range(4)]
             assert sorted(names) == NAMES  # type: ignore[type-var]
             header_cells = await page.locator("#instances thead th[scope=col]").all_inner_texts()
@@ -170,7 +179,7 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
             assert await page.locator("#c-inflight path.series").count() == 4
             # Every chart's legend names every instance in full, uncut, and marks the slow one.
             for chart in ("c-inflight", "c-ttft", "c-rps"):
-                await page.wait_for_function(f"document.querySelectorAll('#{chart}-legend li').length === 4")
+                await wait_for_count(page, f"#{chart}-legend li", 4)
                 assert await page.locator(f"#{chart}-legend li.slow").text_content() == f"{SLOW} (slow)"
                 # One look inside the page: the page redraws its legends every second, so items
                 # found first and measured in a second call may be gone by then.

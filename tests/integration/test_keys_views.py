@@ -15,7 +15,7 @@ from taogate.emulator.fleet import run_fleet
 from taogate.observe.console import status_view
 from tests.conftest import KEY, missing
 from tests.integration.keys_helpers import SECRETS, chat_once, keyed_gateway, keyed_settings
-from tests.integration.test_fleet_page import CHROMIUM_FLAGS, _chromium
+from tests.integration.test_fleet_page import CHROMIUM_FLAGS, _chromium, wait_for_count
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -58,7 +58,7 @@ async def test_the_keys_table_on_the_fleet_page_and_in_status() -> None:
                 await page.goto(gw.url + "/dashboard")
                 await page.get_by_label("Admin key", exact=True).fill(KEY)
                 await page.get_by_role("button", name="Connect").click()
-                await page.wait_for_function("document.querySelectorAll('#key-rows tr').length === 3")
+                await wait_for_count(page, "#key-rows tr", 3)
                 assert await page.locator("#keys-section").is_visible()
                 row = await page.locator("#key-rows tr[data-key=team-a]").inner_text()
                 assert "2 / 2" in row and "1 requests" in row, row

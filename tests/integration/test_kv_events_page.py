@@ -13,7 +13,7 @@ import pytest
 from taogate.emulator.fleet import run_fleet
 from tests.conftest import KEY, missing, wait_until
 
-from .test_fleet_page import CHROMIUM_FLAGS, _chromium
+from .test_fleet_page import CHROMIUM_FLAGS, _chromium, wait_for_count
 from .test_kv_events_start import PREFIX, _configs, _direct, _gateway
 
 pytest.importorskip("zmq")
@@ -57,7 +57,7 @@ async def test_the_page_says_what_dispatch_runs_on(tmp_path: Path, caplog: pytes
                 await page.goto(gate.url + "/dashboard")
                 await page.get_by_label("Admin key", exact=True).fill(KEY)
                 await page.get_by_role("button", name="Connect").click()
-                await page.wait_for_function("document.querySelectorAll('#rows tr').length === 2")
+                await wait_for_count(page, "#rows tr", 2)
                 cells = {
                     name: await page.locator(f"#rows tr[data-instance={name}] td").nth(9).inner_text()
                     for name in ("i0", "i1")
