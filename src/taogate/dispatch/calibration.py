@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Final
 
 from taogate.dispatch.tokens import PromptSize
@@ -64,7 +65,7 @@ class _Fit:
 
     __slots__ = ("n", "p", "prior_var", "w")
 
-    def __init__(self, prior: tuple[float, ...]) -> None:
+    def __init__(self, prior: Sequence[float]) -> None:
         self.w = list(prior)
         # Prior standard deviation: the prior coefficient itself (±100 %), a token or two for the bias.
         self.prior_var = [max(abs(c), 2.0 if i == _N - 1 else 0.0) ** 2 for i, c in enumerate(prior)]
@@ -120,15 +121,15 @@ class TokenEstimator:
         if not chars_per_token > 0:
             raise ValueError("chars_per_token must be positive")
         ascii_prior = min(_UPPER[0], max(_LOWER[0], 1.0 / chars_per_token))
-        self._prior = (ascii_prior, _CJK_PRIOR, _OTHER_PRIOR, _MESSAGE_PRIOR, _MEDIA_PRIOR, _BIAS_PRIOR)
-        self._prior_w = list(self._prior)  # what a model with no fit yet estimates with
+        # What a model with no fit yet estimates with, and each new fit starts from.
+        self._prior = [ascii_prior, _CJK_PRIOR, _OTHER_PRIOR, _MESSAGE_PRIOR, _MEDIA_PRIOR, _BIAS_PRIOR]
         self._max_models = max(1, max_models)
         self._fits: OrderedDict[str, _Fit] = OrderedDict()
 
     def estimate(self, model: str | None, size: PromptSize) -> int:
         """Estimated prompt tokens: always a finite integer ≥ 1."""
         fit = self._fits.get(model or "")
-        w = fit.w if fit is not None else self._prior_w
+        w = fit.w if fit is not None else self._prior
         value = _dot(w, _features(size)) + size.tokens
         if not math.isfinite(value):
             return 1
