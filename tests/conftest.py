@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -25,9 +26,15 @@ COMPILED = build_of("taogate.fleet.instance") == "compiled"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """``make check-compiled`` says it wants the compiled build: refuse to test the Python one."""
+    """``make check-compiled`` says it wants the compiled build: refuse to test the Python one.
+
+    A suite started in the background by a shell without job control (``make check &``, a script)
+    inherits SIGINT ignored, and Python then raises no KeyboardInterrupt, nor do the CLI processes
+    the tests start: the tests that press Ctrl-C get what a terminal gives instead."""
     if os.environ.get("TAOGATE_EXPECT_COMPILED") == "1" and not COMPILED:
         raise pytest.UsageError(f"TAOGATE_EXPECT_COMPILED=1, but taogate is imported from {taogate.__file__}")
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
