@@ -25,6 +25,7 @@ NICENESS = 10  # the servers' scheduling priority below the gateway's and the te
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 # The test venv's environment must not leak into the vLLM venv's interpreter.
 LEAKY_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+VLLM_SITE = Path(__file__).resolve().parent / "vllm_site"
 
 Log = Callable[[str], None]
 
@@ -121,6 +122,8 @@ class VllmServer:
             VLLM_LOOPBACK_IP="127.0.0.1",
             NO_PROXY="127.0.0.1,localhost",
             PYTHONUNBUFFERED="1",
+            # Its sitecustomize lets the engine use AMX tiles, where the CPU has them.
+            PYTHONPATH=str(VLLM_SITE),
         )
         if self.spec.responses_store:
             env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"
