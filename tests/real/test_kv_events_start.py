@@ -88,7 +88,9 @@ async def test_engines_first_with_replay_the_index_is_whole_in_seconds_and_route
     vllm_pair: Pair, caplog: pytest.LogCaptureFixture, report: Say
 ) -> None:
     caplog.set_level(logging.INFO, "taogate.health")
-    prompt = _prompt(1200, 1)
+    # Long, so that prefilling it afresh on the fast card is plainly dearer than its last token on the
+    # slow one even where the slow card is 15x slower (two shared cores have shown that).
+    prompt = _prompt(3500, 1)
     async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
         await _direct(http, vllm_pair.slow, prompt)  # primed behind the gateway's back, on the slow card
     started = time.time()
@@ -103,13 +105,19 @@ async def test_engines_first_with_replay_the_index_is_whole_in_seconds_and_route
         assert index.cached_run(block_hashes(prompt, index.block_size)) == blocks
         served: Counter[str] = Counter()
         hits: list[float] = []  # what the slow engine says it found in its cache, per request
+        receipts: list[str] = []  # why each went where it went, for the failure messages
         async with sdk(gw) as client, httpx.AsyncClient(timeout=60, trust_env=False) as http:
             for n in range(4):
                 before = (await engine_metrics(http, vllm_pair.slow)).prefix_hits or 0.0
                 raw = await client.completions.with_raw_response.create(
-                    model=SERVED_MODEL, prompt=[*prompt, 5 + n], max_tokens=1, temperature=0
+                    model=SERVED_MODEL,
+                    prompt=[*prompt, 5 + n],
+                    max_tokens=1,
+                    temperature=0,
+                    extra_headers={"x-taogate-route": "1"},
                 )
                 served[raw.headers["x-taogate-instance"]] += 1
+                receipts.append(raw.headers["x-taogate-route"])
                 hits.append(((await engine_metrics(http, vllm_pair.slow)).prefix_hits or 0.0) - before)
         # The index's run is what the engine finds (it never computes a prompt's last token from cache).
         expected = min(blocks, len(prompt) // index.block_size) * index.block_size
@@ -117,14 +125,15 @@ async def test_engines_first_with_replay_the_index_is_whole_in_seconds_and_route
         # What dispatch priced each card by, should the prompt not go where its cache is.
         shown = ("speed", "relative_speed", "inflight")
         seen = {n: {k: row.get(k) for k in shown} for n, row in rows.items()}
-        assert hits == [expected] * served["slow"], (hits, expected, served, seen)
+        assert all(f"hit {expected} kv_event" in r for r in receipts), (expected, receipts)
+        assert hits == [expected] * served["slow"], (hits, expected, served, seen, receipts)
         assert rows["slow"]["precise"]["by"] == "index" and rows["fast"]["precise"]["by"] == "index"
     detail = index.trust.detail if index is not None else "-"
     report(
         f"precise, engines first, replay: trusted {took:.2f} s after the gateway's start "
         f"({detail}); a prompt primed on the slow card went there {served['slow']}/4"
     )
-    assert served["slow"] == 4, (served, seen)
+    assert served["slow"] == 4, (served, seen, receipts)
 
 
 async def test_engines_first_without_replay_the_log_says_the_start_was_missed(
