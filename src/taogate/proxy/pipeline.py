@@ -32,7 +32,7 @@ from taogate.observe.accounting import Accounting
 from taogate.observe.dropped import DroppedResponses
 from taogate.observe.metrics import GatewayMetrics
 from taogate.proxy.auth import KeyCheck, header
-from taogate.proxy.disconnect import DisconnectWatch
+from taogate.proxy.disconnect import DisconnectWatcher
 from taogate.proxy.exchange import Exchange
 from taogate.proxy.forward import plan
 from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
@@ -58,7 +58,7 @@ __all__ = ["Pipeline"]
 
 log = logging.getLogger("taogate.gateway")
 
-#: Seconds a request runs before the gateway starts watching for its client to go away.
+#: Seconds a request runs (up to twice that) before the gateway watches for its client to go away.
 WATCH_AFTER = 0.05
 
 
@@ -115,6 +115,7 @@ class Pipeline:
         self.responses = responses
         self.inflight = inflight
         self._prefix = settings.gateway.prefix  # a property that parses base_url: read once
+        self._watcher = DisconnectWatcher(WATCH_AFTER)
         self._decided: dict[str, Any] = {}  # pick reason → its decisions counter, this config's strategy
 
     @property
@@ -171,7 +172,7 @@ class Pipeline:
             ids, fleet = self.responses, self.dispatcher.fleet
             forward, exclude = plan(route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet)
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
-            watch = DisconnectWatch(ex, receive, WATCH_AFTER)
+            watch = self._watcher.watch(ex, receive)
             try:
                 await self._serve(ex)
             except asyncio.CancelledError:
