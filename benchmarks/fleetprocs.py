@@ -9,9 +9,13 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+from peers import router_command
+
 from taogate.bench.procs import Child, free_port, launch
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The Rust routers as reference proxies, each with the policy the overhead table names.
+ROUTER_POLICIES = {"vllm-router": "power_of_two", "sglang-router": "cache_aware"}
 
 
 def emulators(
@@ -117,11 +121,19 @@ def reference(
     workdir: Path, urls: list[str], client: str, wrapper: Sequence[str] = ()
 ) -> AbstractAsyncContextManager[Child]:
     """A reference proxy: ``reference_proxy.py`` (FastAPI + ``client``, or ``bare``: taogate's own
-    listener and ``h1`` with no logic), or nginx (``client="nginx"``, ``least_conn`` over keep-alive
-    upstream connections). ``wrapper`` goes before a Python proxy's command (a profiler)."""
+    listener and ``h1`` with no logic), nginx (``client="nginx"``, ``least_conn`` over keep-alive
+    upstream connections), or a Rust router (``ROUTER_POLICIES``). ``wrapper`` goes before a
+    Python proxy's command (a profiler)."""
     port = free_port()
     log = workdir / f"reference-{client}.log"
-    if client == "nginx":
+    ready: Sequence[str] = READY
+    env: dict[str, str] | None = None
+    if client in ROUTER_POLICIES:
+        cmd = router_command(client, urls, port, ROUTER_POLICIES[client])
+        # A router passes what it does not serve (/ready) to a worker; vllm-router logs each
+        # power-of-two pick at INFO whatever its --log-level, unless RUST_LOG says otherwise.
+        ready, env = ("/health",), {**os.environ, "RUST_LOG": "warn"}
+    elif client == "nginx":
         conf = workdir / "nginx.conf"
         servers = "\n".join(f"        server {u.removeprefix('http://')};" for u in urls)
         conf.write_text(NGINX_CONF.format(workdir=workdir, servers=servers, port=port))
@@ -137,6 +149,7 @@ def reference(
         log=log,
         cwd=workdir,
         ready_url=url,
-        ready_paths=READY,
+        ready_paths=ready,
         ready_within=within,
+        env=env,
     )

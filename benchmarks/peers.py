@@ -12,6 +12,7 @@ the same emulated fleet as taogate's rows, as a subprocess that stops with the b
   root-owned files: its pid file and temp directories live in the run's own directory.
 
 ``PEERS`` names them; ``peer(name, urls, workdir)`` starts one and yields its base URL.
+``router_command`` is a router's command line with another policy (``overhead.py``'s references).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from taogate.bench.procs import free_port, launch
 
-__all__ = ["PEERS", "available", "nginx_conf", "peer"]
+__all__ = ["PEERS", "available", "nginx_conf", "peer", "router_command"]
 
 PEERS = ("sglang-router cache_aware", "vllm-router cache_aware", "nginx least_conn")
 BALANCE_ABS = 4  # requests in flight: the imbalance past which the routers take the least loaded
@@ -85,26 +86,32 @@ def available(name: str) -> bool:
     return _router(name.split(maxsplit=1)[0].replace("-", "_")) is not None
 
 
-def _command(name: str, urls: Sequence[str], workdir: Path, port: int) -> list[str]:
-    if name.startswith("nginx"):
-        conf = workdir / "nginx.conf"
-        conf.write_text(nginx_conf(workdir, urls, port))
-        return ["nginx", "-p", str(workdir), "-e", "stderr", "-c", str(conf)]
-    module = name.split(maxsplit=1)[0].replace("-", "_")
+def router_command(package: str, urls: Sequence[str], port: int, policy: str) -> list[str]:
+    """The command that runs ``package`` (``sglang-router`` or ``vllm-router``) with ``policy`` in
+    front of ``urls`` on 127.0.0.1:``port``."""
+    module = package.replace("-", "_")
     cmd = _router(module)
     if cmd is None:
-        raise RuntimeError(f"{name}: the {module} package is not installed (the bench extra has it)")
+        raise RuntimeError(f"{package}: not installed (the bench extra has it)")
     return [
         *cmd,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--worker-urls", *urls,
-        "--policy", "cache_aware",
+        "--policy", policy,
         "--balance-abs-threshold", str(BALANCE_ABS),
         "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(free_port()),
         "--log-level", "warn" if module == "sglang_router" else "warning",
     ]  # fmt: skip
+
+
+def _command(name: str, urls: Sequence[str], workdir: Path, port: int) -> list[str]:
+    if name.startswith("nginx"):
+        conf = workdir / "nginx.conf"
+        conf.write_text(nginx_conf(workdir, urls, port))
+        return ["nginx", "-p", str(workdir), "-e", "stderr", "-c", str(conf)]
+    return router_command(name.split(maxsplit=1)[0], urls, port, "cache_aware")
 
 
 @contextlib.asynccontextmanager
