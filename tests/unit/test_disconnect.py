@@ -52,7 +52,7 @@ async def test_a_request_shorter_than_after_is_never_listened_to_and_leaves_noth
     for _ in range(50):
         watch = watcher.watch(Request(), client.receive)
         watch.stop()
-    assert watcher.watched == 0
+    assert watcher.pending == 0
     await asyncio.sleep(AFTER * 4)
     assert client.calls == 0
 
@@ -77,7 +77,7 @@ async def test_a_client_that_leaves_a_long_request_cancels_its_task() -> None:
     await until(lambda: client.calls == 1)
     client.leave()
     assert await asyncio.wait_for(task, 5) is True
-    assert watcher.watched == 0
+    assert watcher.pending == 0
 
 
 async def test_a_cancellation_not_the_clients_is_not_a_hang_up() -> None:
@@ -102,7 +102,7 @@ async def test_a_cancellation_not_the_clients_is_not_a_hang_up() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert seen == [False] and watcher.watched == 0
+    assert seen == [False] and watcher.pending == 0
 
 
 async def test_a_streamed_body_keeps_receive_until_its_end() -> None:
@@ -111,10 +111,10 @@ async def test_a_streamed_body_keeps_receive_until_its_end() -> None:
     request = Request(reading=True)
     watch = watcher.watch(request, client.receive)
     await asyncio.sleep(AFTER * 4)
-    assert client.calls == 0 and watcher.watched == 1
+    assert client.calls == 0 and watcher.pending == 1
     request.reading = False
     await until(lambda: client.calls == 1)
-    assert watcher.watched == 0
+    assert watcher.pending == 0
     watch.stop()
 
 

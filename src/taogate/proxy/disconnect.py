@@ -3,10 +3,10 @@ which releases the lease and closes the upstream connection (vLLM then aborts th
 
 A request is watched only once it has lasted ``after`` seconds (up to twice that): most requests a
 gateway sees at high rates finish sooner. One timer serves every request in flight, ticking every
-``after`` seconds while any is watched, where a timer per request cost a tenth of a tiny request's
-instructions. A client that left earlier is seen then, since uvicorn answers ``receive()`` with
-``http.disconnect`` at once for a connection already gone: an abort at most ``2 * after`` late, on
-requests that cost the instance little so far.
+``after`` seconds while any is watched: a timer armed and cancelled per request cost more than the
+rest of the watch (benchmarks/README.md). A client that left earlier is seen then, since uvicorn
+answers ``receive()`` with ``http.disconnect`` at once for a connection already gone: an abort at
+most ``2 * after`` late, on requests that cost the instance little so far.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class DisconnectWatcher:
             self._timer = None
 
     @property
-    def watched(self) -> int:
-        """Requests watched and not listening yet (for tests: none once all have ended)."""
+    def pending(self) -> int:
+        """Requests watched and not listened to yet (none once all have ended)."""
         return len(self._pending)
 
 
