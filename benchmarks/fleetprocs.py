@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-from peers import router_command
+from peers import router_command, router_env
 
 from taogate.bench.procs import Child, free_port, launch
 
@@ -130,9 +130,7 @@ def reference(
     env: dict[str, str] | None = None
     if client in ROUTER_POLICIES:
         cmd = router_command(client, urls, port, ROUTER_POLICIES[client])
-        # A router passes what it does not serve (/ready) to a worker; vllm-router logs each
-        # power-of-two pick at INFO whatever its --log-level, unless RUST_LOG says otherwise.
-        ready, env = ("/health",), {**os.environ, "RUST_LOG": "warn"}
+        ready, env = ("/health",), router_env()  # a router passes /ready on to a worker
     elif client == "nginx":
         conf = workdir / "nginx.conf"
         servers = "\n".join(f"        server {u.removeprefix('http://')};" for u in urls)

@@ -18,6 +18,7 @@ the same emulated fleet as taogate's rows, as a subprocess that stops with the b
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from taogate.bench.procs import free_port, launch
 
-__all__ = ["PEERS", "available", "nginx_conf", "peer", "router_command"]
+__all__ = ["PEERS", "available", "nginx_conf", "peer", "router_command", "router_env"]
 
 PEERS = ("sglang-router cache_aware", "vllm-router cache_aware", "nginx least_conn")
 BALANCE_ABS = 4  # requests in flight: the imbalance past which the routers take the least loaded
@@ -106,6 +107,12 @@ def router_command(package: str, urls: Sequence[str], port: int, policy: str) ->
     ]  # fmt: skip
 
 
+def router_env() -> dict[str, str]:
+    """A router's environment: vllm-router logs each pick at INFO whatever its ``--log-level``,
+    unless ``RUST_LOG`` says otherwise."""
+    return {**os.environ, "RUST_LOG": "warn"}
+
+
 def _command(name: str, urls: Sequence[str], workdir: Path, port: int) -> list[str]:
     if name.startswith("nginx"):
         conf = workdir / "nginx.conf"
@@ -122,5 +129,6 @@ async def peer(name: str, urls: Sequence[str], workdir: Path) -> AsyncIterator[s
     cmd = _command(name, urls, workdir, port)
     url = f"http://127.0.0.1:{port}"
     log = workdir / f"{name.split(maxsplit=1)[0]}.log"
-    async with launch(cmd, name=name, log=log, cwd=workdir, ready_url=url, ready_within=60.0):
+    env = None if name.startswith("nginx") else router_env()
+    async with launch(cmd, name=name, log=log, cwd=workdir, ready_url=url, ready_within=60.0, env=env):
         yield url
