@@ -35,7 +35,7 @@ class DisconnectWatcher:
     """The watches of one pipeline and their shared timer. ``watch()`` arms one for the current
     task; its ``stop()`` when serving ends, whichever way, forgets it."""
 
-    __slots__ = ("_after", "_pending", "_ticks", "_timer")
+    __slots__ = ("_after", "_armed", "_pending", "_ticks")
 
     def __init__(self, after: float) -> None:
         self._after = after
@@ -43,15 +43,16 @@ class DisconnectWatcher:
         #: ``after`` at the second tick after it came, and at most ``2 * after``.
         self._pending: dict[DisconnectWatch, int] = {}
         self._ticks = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._armed = False  # the timer is set: it runs until no watch is pending
 
     def watch(self, watched: Watched, receive: Receive) -> DisconnectWatch:
         task = asyncio.current_task()
         assert task is not None
         watch = DisconnectWatch(self, task, watched, receive)
         self._pending[watch] = self._ticks
-        if self._timer is None:
-            self._timer = task.get_loop().call_later(self._after, self._tick)
+        if not self._armed:
+            self._armed = True
+            task.get_loop().call_later(self._after, self._tick)
         return watch
 
     def forget(self, watch: DisconnectWatch) -> None:
@@ -64,10 +65,9 @@ class DisconnectWatcher:
         for watch in due:
             del self._pending[watch]
             watch.listen()
-        if self._pending:
-            self._timer = asyncio.get_running_loop().call_later(self._after, self._tick)
-        else:
-            self._timer = None
+        self._armed = bool(self._pending)
+        if self._armed:
+            asyncio.get_running_loop().call_later(self._after, self._tick)
 
     @property
     def pending(self) -> int:
@@ -79,7 +79,7 @@ class DisconnectWatch:
     """One request's watch: ``left()`` after a cancellation says whether it was this watch's, for a
     client that went away."""
 
-    __slots__ = ("_gone", "_listener", "_receive", "_stopped", "_task", "_watcher", "watched")
+    __slots__ = ("_gone", "_listener", "_receive", "_task", "_watcher", "watched")
 
     def __init__(
         self, watcher: DisconnectWatcher, task: asyncio.Task[Any], watched: Watched, receive: Receive
@@ -89,7 +89,6 @@ class DisconnectWatch:
         self.watched = watched
         self._receive = receive
         self._gone = False
-        self._stopped = False
         self._listener: asyncio.Future[Any] | None = None
 
     def listen(self) -> None:
@@ -98,8 +97,11 @@ class DisconnectWatch:
         self._listener.add_done_callback(self._on_message)
 
     def _on_message(self, fut: asyncio.Future[Any]) -> None:
-        # uvicorn answers receive() with http.disconnect once the response is complete, too.
-        if self._stopped or self.watched.finished or fut.cancelled() or fut.exception() is not None:
+        # uvicorn answers receive() with http.disconnect once the response is complete, too; and
+        # a listener that ended as stop() came is no longer this watch's.
+        if fut is not self._listener or self.watched.finished:
+            return
+        if fut.cancelled() or fut.exception() is not None:
             return
         self._gone = True
         self._task.cancel()
@@ -110,7 +112,6 @@ class DisconnectWatch:
 
     def stop(self) -> None:
         """No more watching; drops the listener (and with it every reference back)."""
-        self._stopped = True
         self._watcher.forget(self)
         listener, self._listener = self._listener, None
         if listener is not None:
