@@ -1,10 +1,13 @@
-"""Warm-up: one small and one medium prefill on an instance as it comes up, before it has served
-anything, so dispatch knows its speed from the first real request.
+"""Warm-up: small and medium prefills on an instance as it comes up, before it has served anything,
+so dispatch knows its speed from the first real request.
 
 Without it, a fleet's first burst is dispatched knowing nothing, and a slow card takes its share of
-that burst before its first answer comes back. It costs each instance two prompts behind a unique
-salt (nothing is cached), a tiny one and one of ``warmup_tokens`` words (fewer if the model's context
-is short), each with a one-token answer; ``[dispatch] warmup_tokens = 0`` turns it off. An instance
+that burst before its first answer comes back. It costs each instance three prompts behind a unique
+salt (nothing is cached), each with a one-token answer: a tiny one before and after one of
+``warmup_tokens`` words (fewer if the model's context is short). The quicker tiny one teaches the
+fixed latency, as a busy host only ever adds to it: one tiny answer held up as long as the large
+one would make the card look up to four times faster than it is. ``[dispatch] warmup_tokens = 0``
+turns it off. An instance
 that refuses it (vLLM wants ``Content-Type: application/json``; a chat-only model has no completions)
 is said so in the log: dispatch then learns its speed from traffic alone. It waits for ``ready``
 first (the instance's KV events subscribed, in precise mode), so its blocks are indexed too.
@@ -31,6 +34,8 @@ log = logging.getLogger("taogate.health")
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 #: Tokens a warm-up word may cost on an unknown tokenizer: the prompt must fit the model's context.
 _TOKENS_PER_WORD = 4
+#: Words of the tiny prompts: their time is mostly the instance's fixed latency.
+_SMALL_WORDS = 8
 _JSON = {"content-type": "application/json"}
 
 
@@ -66,11 +71,14 @@ class Warmup:
             tokens = max(8, min(tokens, context // _TOKENS_PER_WORD))
         if self._ready is not None:
             await self._ready(inst)
-        for words in (8, tokens):  # the small one is mostly fixed latency, the large one mostly prefill
+        answers: list[tuple[float, int]] = []
+        for words in (_SMALL_WORDS, tokens, _SMALL_WORDS):
             got = await self._one(inst, model, words, settings.gateway.request_timeout)
             if got is None:
                 return
-            elapsed, prompt = got
+            answers.append(got)
+        small, large, small_again = answers
+        for elapsed, prompt in (min(small, small_again), large):  # fixed latency first, then prefill
             self._speeds.observe_first_token(
                 inst.name,
                 ttft=elapsed,

@@ -1,0 +1,58 @@
+"""The warm-up against a real server on loopback whose first answer is held up, as a shared host
+holds up a card's first request now and then: the speed it teaches is the card's own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from taogate.control.warmup import Warmup
+from taogate.dispatch.speed import SpeedEstimator
+from taogate.fleet.instance import Instance, InstanceSpec
+from taogate.serving import serve_asgi
+from taogate.settings import Settings
+
+FIXED = 0.02  # seconds every answer takes
+PER_WORD = 1e-4  # seconds of prefill per word: 10,000 words/s, one token per word
+HELD_UP = 0.4  # the first answer's extra wait
+WORDS = 2000
+
+
+def _card(prompts: list[int]) -> Starlette:
+    async def completions(request: Request) -> Response:
+        words = len(orjson.loads(await request.body())["prompt"].split())
+        await asyncio.sleep(FIXED + words * PER_WORD + (HELD_UP if not prompts else 0.0))
+        prompts.append(words)
+        return Response(orjson.dumps({"usage": {"prompt_tokens": words}}), media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+async def test_a_held_up_tiny_answer_does_not_make_the_card_look_fast() -> None:
+    prompts: list[int] = []
+    settings = Settings(dispatch={"warmup_tokens": WORDS})
+    speeds = SpeedEstimator()
+    async with serve_asgi(_card(prompts)) as served, httpx.AsyncClient(trust_env=False) as client:
+        inst = Instance(
+            InstanceSpec("card", served.url),
+            unhealthy_after=2,
+            healthy_after=1,
+            breaker_failures=3,
+            breaker_cooldown=1.0,
+        )
+        inst.models = frozenset({"m"})
+        started = time.monotonic()
+        await Warmup(client, speeds, lambda: settings)(inst)
+        took = time.monotonic() - started
+    # Two tiny prompts around the large one (salt and "warm-up" add a word or two each).
+    assert len(prompts) == 3 and prompts[0] == prompts[2] < 16 and prompts[1] > WORDS, prompts
+    # The card prefills 10,000 words/s; taught by the held-up tiny answer, it would look four times
+    # that (a prefill time floored at a quarter of the large answer's).
+    assert 0.7 / PER_WORD < speeds.speed("card") < 1.4 / PER_WORD, (speeds.speed("card"), took)
