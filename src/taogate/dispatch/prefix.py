@@ -7,6 +7,8 @@ pays only when requests sharing a prefix go to the same instance. The shared par
   tool schemas, history): what the next turn, or another question under the same system prompt,
   repeats.
 * **A single message or a plain prompt**: its first ``BLOCK_CHARS`` characters (about 256 tokens).
+  Its following whole blocks are hashed too, each on all before it (``chain``, up to ``MAX_BLOCKS``):
+  ``prefix_chains`` measures on them how much more than the first block a later prompt shares.
 * Under ``MIN_PREFIX_CHARS``, or embeddings and /tokenize: no key.
 
 The model is part of the key (two models never share a KV cache), and at most ``MAX_ITEMS`` messages
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -26,20 +29,38 @@ import orjson
 
 from .tokens import MAX_ITEMS, PromptSize, measure_text, route_kind
 
-__all__ = ["BLOCK_CHARS", "MIN_PREFIX_CHARS", "SharedPrefix", "prefix_key", "shared_prefix"]
+__all__ = [
+    "BLOCK_CHARS",
+    "DIGEST",
+    "MAX_BLOCKS",
+    "MIN_PREFIX_CHARS",
+    "SharedPrefix",
+    "prefix_key",
+    "shared_prefix",
+]
 
 BLOCK_CHARS: Final = 1024
 MIN_PREFIX_CHARS: Final = 512
+#: Blocks of a prompt that are hashed: 64 K characters, about 16 K tokens.
+MAX_BLOCKS: Final = 64
+DIGEST: Final = array("q").itemsize  # bytes of each block's hash in a chain
 _BLOCK_IDS: Final = 256  # the same block for token-id prompts
 _MIN_IDS: Final = 128
 
 
 @dataclass(frozen=True, slots=True)
 class SharedPrefix:
-    """A prefix key and the size of the part it covers (what a cache hit saves, at least)."""
+    """A prefix key and the size of the part it covers (what a cache hit saves, at least).
+
+    ``chain``: the hashes of the whole blocks that follow the key's, each on everything before it
+    (``DIGEST`` bytes each, packed), and ``text`` the prompt they were cut from; empty for a
+    conversation's history, whose key covers all of it. The hashes are Python's own, seeded per
+    process: chains are only compared within the process that made them."""
 
     key: int
     size: PromptSize
+    chain: bytes = b""
+    text: str = ""
 
 
 def _hasher(*parts: bytes) -> Any:
@@ -88,7 +109,17 @@ def _leading_block(model: bytes, extra: bytes, text: str) -> SharedPrefix | None
     if len(text) < MIN_PREFIX_CHARS:
         return None
     block = text[:BLOCK_CHARS]
-    return SharedPrefix(_hash(model, extra, b"text", block.encode()), measure_text(block))
+    key = _hash(model, extra, b"text", block.encode())
+    end = min(len(text), BLOCK_CHARS * MAX_BLOCKS) // BLOCK_CHARS * BLOCK_CHARS
+    if end <= BLOCK_CHARS:
+        return SharedPrefix(key, measure_text(block))
+    # The builtin hash: a quarter of blake2b's cost on a long prompt, and chains never leave here.
+    chained = key
+    hashes = array("q")
+    for start in range(BLOCK_CHARS, end, BLOCK_CHARS):
+        chained = hash((chained, text[start : start + BLOCK_CHARS]))
+        hashes.append(chained)
+    return SharedPrefix(key, measure_text(block), hashes.tobytes(), text)
 
 
 def _from_prompt(model: bytes, prompt: object) -> SharedPrefix | None:
@@ -152,7 +183,7 @@ def shared_prefix(route: str, body: Mapping[str, Any]) -> SharedPrefix | None:
         extra = [instructions, body.get("tools")] if instructions or body.get("tools") else None
         if isinstance(value, str):
             head = instructions if isinstance(instructions, str) else ""
-            return _leading_block(model, _canonical(extra) if extra else b"", head + value[:BLOCK_CHARS])
+            return _leading_block(model, _canonical(extra) if extra else b"", head + value)
         return _from_messages(model, value, extra)
     return None
 
