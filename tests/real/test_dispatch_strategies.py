@@ -37,7 +37,7 @@ WORDS = (
 )
 REQUESTS = 12
 CONCURRENCY = 4
-RUNS = 3
+RUNS = 4
 ROWS: tuple[tuple[str, dict[str, object]], ...] = (
     ("round_robin", {"strategy": "round_robin", "prefix_affinity": False}),
     ("least_requests", {"strategy": "least_requests", "prefix_affinity": False}),
@@ -117,11 +117,12 @@ async def _rows(pair: Pair, report: Say) -> dict[str, tuple[float, dict[str, int
             ).json()
             learned = {r["name"]: (round(r["speed"]), r["speed_samples"]) for r in rows["instances"]}
             spans = [round(r[0], 2) for r in runs[label]]
-            report(f"  {label}: learned (speed, samples) {learned}; makespans {spans}")
+            slow = [r[1].get("slow", 0) for r in runs[label]]
+            report(f"  {label}: learned (speed, samples) {learned}; makespans {spans}, slow card {slow}")
         return {label: min(r, key=lambda run: run[0]) for label, r in runs.items()}
 
 
-# Three gateways, each warmed up and then timed three times: 126 prompts of up to 1,200 words, the
+# Three gateways, each warmed up and then timed four times: 162 prompts of up to 1,200 words, the
 # slow card's share of them prefilled at its pace, which on two shared cores has been seen 15x the
 # fast card's. That takes minutes on a slow machine (benchmarks/README.md, 2026-12-06).
 @pytest.mark.timeout(600, func_only=True)
