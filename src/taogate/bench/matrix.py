@@ -47,6 +47,7 @@ class Cell:
     max_num_seqs: int | None = None  # the instances' --max-num-seqs (None: the emulator's default)
     cache_info: bool = True  # the instances publish vllm:cache_config_info (their cache's shape)
     hits_after_prefill: bool = False  # engines that make a prompt hittable only once it is prefilled
+    plain: bool = False  # plain completion prompts (the shared text, then the question), not chat turns
 
     def describe(self) -> str:
         slow = ", ".join(f"i{i} {f:g}x slow" for i, f in self.slow) or "no slow card"
@@ -60,6 +61,8 @@ class Cell:
             cache += ", no cache_config_info"
         if self.hits_after_prefill:
             cache += ", hits after prefill"
+        if self.plain:
+            shape += ", plain prompts"
         arrive = (
             f"closed loop of {self.concurrency}"
             if self.arrivals == "closed"
@@ -139,8 +142,9 @@ def _times(cell: Cell, rng: random.Random) -> list[float | None]:
 
 
 def workload(cell: Cell) -> Workload:
-    """The cell's requests: chat turns under a shared system prompt (uniformly drawn), or the mixed
-    workload's unique prompts when there are no hot prefixes."""
+    """The cell's requests: chat turns under a shared system prompt (uniformly drawn), or plain
+    prompts that start with it (``plain``), or the mixed workload's unique prompts when there are no
+    hot prefixes."""
     rng = random.Random(cell.seed)
     times = _times(cell, rng)
     if not cell.hot:
@@ -154,12 +158,13 @@ def workload(cell: Cell) -> Workload:
     out = []
     for i, at in enumerate(times):
         k = rng.randrange(cell.hot)
+        ask = f"Question {i}: {question}"
         out.append(
             RequestSpec(
                 i,
-                f"Question {i}: {question}",
+                f"{prefixes[k]}\n\n{ask}" if cell.plain else ask,
                 cell.max_tokens,
-                system=prefixes[k],
+                system=None if cell.plain else prefixes[k],
                 group=f"p{k}",
                 at=at,
                 approx_tokens=cell.prefix_tokens + cell.question_tokens,
@@ -191,6 +196,7 @@ QUICK: tuple[Cell, ...] = (
     _WAVES,
     replace(_WAVES, name="waves, cold, half cache, no cache_config_info", cache_info=False),
     replace(_WAVES, name="waves, cold, half cache, hits after prefill", hits_after_prefill=True),
+    replace(_WAVES, name="waves, cold, half cache, plain prompts", plain=True),
     replace(_BASE, name="32 hot, quarter cache", hot=32, cache="quarter", requests=256),
     replace(_BASE, name="8 hot, poisson, 2 slow 4x", arrivals="poisson", slow=((2, 4.0), (3, 4.0))),
     Cell(
