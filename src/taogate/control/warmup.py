@@ -7,10 +7,10 @@ salt (nothing is cached), each with a one-token answer: a tiny one before and af
 ``warmup_tokens`` words (fewer if the model's context is short). The quicker tiny one teaches the
 fixed latency, as a busy host only ever adds to it: one tiny answer held up as long as the large
 one would make the card look up to four times faster than it is. ``[dispatch] warmup_tokens = 0``
-turns it off. An instance
-that refuses it (vLLM wants ``Content-Type: application/json``; a chat-only model has no completions)
-is said so in the log: dispatch then learns its speed from traffic alone. It waits for ``ready``
-first (the instance's KV events subscribed, in precise mode), so its blocks are indexed too.
+turns it off. An instance that refuses it (vLLM wants ``Content-Type: application/json``; a
+chat-only model has no completions) is said so in the log: dispatch then learns its speed from
+traffic alone. It waits for ``ready`` first (the instance's KV events subscribed, in precise mode),
+so its blocks are indexed too.
 """
 
 from __future__ import annotations
