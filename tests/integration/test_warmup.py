@@ -1,5 +1,5 @@
-"""The warm-up against a real server on loopback whose first answer is held up, as a shared host
-holds up a card's first request now and then: the speed it teaches is the card's own."""
+"""The warm-up against a real server on loopback that holds up one of its answers, as a shared host
+holds up a card's request now and then: the speed it teaches is the card's own."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 
 import httpx
 import orjson
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,25 +22,26 @@ from taogate.settings import Settings
 
 FIXED = 0.02  # seconds every answer takes
 PER_WORD = 1e-4  # seconds of prefill per word: 10,000 words/s, one token per word
-HELD_UP = 0.4  # the first answer's extra wait
+HELD_UP = 0.4  # the held-up answer's extra wait
 WORDS = 2000
 
 
-def _card(prompts: list[int]) -> Starlette:
+def _card(prompts: list[int], held: int) -> Starlette:
     async def completions(request: Request) -> Response:
         words = len(orjson.loads(await request.body())["prompt"].split())
-        await asyncio.sleep(FIXED + words * PER_WORD + (HELD_UP if not prompts else 0.0))
+        await asyncio.sleep(FIXED + words * PER_WORD + (HELD_UP if len(prompts) == held else 0.0))
         prompts.append(words)
         return Response(orjson.dumps({"usage": {"prompt_tokens": words}}), media_type="application/json")
 
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
 
 
-async def test_a_held_up_tiny_answer_does_not_make_the_card_look_fast() -> None:
+@pytest.mark.parametrize("held", [0, 1], ids=["tiny-answer-held-up", "large-answer-held-up"])
+async def test_a_held_up_answer_does_not_misjudge_the_card(held: int) -> None:
     prompts: list[int] = []
     settings = Settings(dispatch={"warmup_tokens": WORDS})
     speeds = SpeedEstimator()
-    async with serve_asgi(_card(prompts)) as served, httpx.AsyncClient(trust_env=False) as client:
+    async with serve_asgi(_card(prompts, held)) as served, httpx.AsyncClient(trust_env=False) as client:
         inst = Instance(
             InstanceSpec("card", served.url),
             unhealthy_after=2,
@@ -51,8 +53,8 @@ async def test_a_held_up_tiny_answer_does_not_make_the_card_look_fast() -> None:
         started = time.monotonic()
         await Warmup(client, speeds, lambda: settings)(inst)
         took = time.monotonic() - started
-    # Two tiny prompts around the large one (salt and "warm-up" add a word or two each).
-    assert len(prompts) == 3 and prompts[0] == prompts[2] < 16 and prompts[1] > WORDS, prompts
-    # The card prefills 10,000 words/s; taught by the held-up tiny answer, it would look four times
-    # that (a prefill time floored at a quarter of the large answer's).
+    # A tiny and a large prompt, twice (salt and "warm-up" add a word or two to each).
+    assert len(prompts) == 4 and prompts[0] == prompts[2] < 16 and prompts[1] == prompts[3] > WORDS, prompts
+    # The card prefills 10,000 words/s. Taught by a held-up tiny answer it would look four times that
+    # (a prefill time floored at a quarter of the large answer's); by a held-up large one, a third.
     assert 0.7 / PER_WORD < speeds.speed("card") < 1.4 / PER_WORD, (speeds.speed("card"), took)

@@ -252,7 +252,7 @@ async def test_warm_up_is_accepted_before_any_traffic(
                 s.spec.label: (await engine_metrics(http, s)).request_success or 0 for s in vllm_pair.servers
             }
     for name in ("fast", "slow"):
-        assert after[name] - before[name] == 3, (name, before, after, caplog.text)  # the warm-up prompts
+        assert after[name] - before[name] == 4, (name, before, after, caplog.text)  # the warm-up prompts
         assert rows[name]["speed_samples"] >= 1, rows[name]
         assert f"instance {name} warmed up" in caplog.text
     # Learned from the warm-up alone, before the first request: the slow card is known slow.

@@ -2,15 +2,15 @@
 so dispatch knows its speed from the first real request.
 
 Without it, a fleet's first burst is dispatched knowing nothing, and a slow card takes its share of
-that burst before its first answer comes back. It costs each instance three prompts behind a unique
-salt (nothing is cached), each with a one-token answer: a tiny one before and after one of
-``warmup_tokens`` words (fewer if the model's context is short). The quicker tiny one teaches the
-fixed latency, as a busy host only ever adds to it: one tiny answer held up as long as the large
-one would make the card look up to four times faster than it is. ``[dispatch] warmup_tokens = 0``
-turns it off. An instance that refuses it (vLLM wants ``Content-Type: application/json``; a
-chat-only model has no completions) is said so in the log: dispatch then learns its speed from
-traffic alone. It waits for ``ready`` first (the instance's KV events subscribed, in precise mode),
-so its blocks are indexed too.
+that burst before its first answer comes back. It costs each instance four prompts behind a unique
+salt (nothing is cached), each with a one-token answer: a tiny one and one of ``warmup_tokens``
+words (fewer if the model's context is short), twice. The quicker of each pair teaches, as a busy
+host only ever adds to a prompt's time: a tiny answer held up as long as the large one would make
+the card look up to four times faster than it is, a large one held up a fast card look slow.
+``[dispatch] warmup_tokens = 0`` turns it off. An instance that refuses it (vLLM wants
+``Content-Type: application/json``; a chat-only model has no completions) is said so in the log:
+dispatch then learns its speed from traffic alone. It waits for ``ready`` first (the instance's KV
+events subscribed, in precise mode), so its blocks are indexed too.
 """
 
 from __future__ import annotations
@@ -72,13 +72,14 @@ class Warmup:
         if self._ready is not None:
             await self._ready(inst)
         answers: list[tuple[float, int]] = []
-        for words in (_SMALL_WORDS, tokens, _SMALL_WORDS):
+        for words in (_SMALL_WORDS, tokens, _SMALL_WORDS, tokens):
             got = await self._one(inst, model, words, settings.gateway.request_timeout)
             if got is None:
                 return
             answers.append(got)
-        small, large, small_again = answers
-        for elapsed, prompt in (min(small, small_again), large):  # fixed latency first, then prefill
+        small, large, small_again, large_again = answers
+        # The fixed latency first, then the prefill after it.
+        for elapsed, prompt in (min(small, small_again), min(large, large_again)):
             self._speeds.observe_first_token(
                 inst.name,
                 ttft=elapsed,
