@@ -48,6 +48,7 @@ class Cell:
     cache_info: bool = True  # the instances publish vllm:cache_config_info (their cache's shape)
     hits_after_prefill: bool = False  # engines that make a prompt hittable only once it is prefilled
     plain: bool = False  # plain completion prompts (the shared text, then the question), not chat turns
+    header: bool = False  # every text starts with the same instructions (a RAG template), ~400 tokens
 
     def describe(self) -> str:
         slow = ", ".join(f"i{i} {f:g}x slow" for i, f in self.slow) or "no slow card"
@@ -63,6 +64,8 @@ class Cell:
             cache += ", hits after prefill"
         if self.plain:
             shape += ", plain prompts"
+        if self.header:
+            shape += " under one header"
         arrive = (
             f"closed loop of {self.concurrency}"
             if self.arrivals == "closed"
@@ -98,9 +101,14 @@ def configs(cell: Cell, base: EmulatorConfig | None = None) -> list[EmulatorConf
     return fleet_configs(cell.instances, dict(cell.slow), prefix_caching=cell.caching, base=base)
 
 
+#: Instructions every text starts with in a ``header`` cell: longer than a prefix key's first block.
+_HEADER = workloads.filler(400, "Answer from the document below only, and say so when it does not tell.")
+
+
 def _prefixes(cell: Cell) -> list[str]:
+    head = _HEADER + "\n\n" if cell.header else ""
     return [
-        f"You are assistant {k}, an expert on the {_TOPICS[k % len(_TOPICS)]}. "
+        f"{head}You are assistant {k}, an expert on the {_TOPICS[k % len(_TOPICS)]}. "
         + workloads.filler(
             cell.prefix_tokens, f"Rule {k}: answer about the {_TOPICS[k % len(_TOPICS)]} briefly."
         )
@@ -197,6 +205,7 @@ QUICK: tuple[Cell, ...] = (
     replace(_WAVES, name="waves, cold, half cache, no cache_config_info", cache_info=False),
     replace(_WAVES, name="waves, cold, half cache, hits after prefill", hits_after_prefill=True),
     replace(_WAVES, name="waves, cold, half cache, plain prompts", plain=True),
+    replace(_WAVES, name="waves, cold, half cache, plain prompts under one header", plain=True, header=True),
     replace(_BASE, name="32 hot, quarter cache", hot=32, cache="quarter", requests=256),
     replace(_BASE, name="8 hot, poisson, 2 slow 4x", arrivals="poisson", slow=((2, 4.0), (3, 4.0))),
     Cell(
