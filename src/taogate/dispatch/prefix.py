@@ -183,6 +183,8 @@ def shared_prefix(route: str, body: Mapping[str, Any]) -> SharedPrefix | None:
         extra = [instructions, body.get("tools")] if instructions or body.get("tools") else None
         if isinstance(value, str):
             head = instructions if isinstance(instructions, str) else ""
+            # Only as much as the chain reads: a huge input is not copied whole.
+            value = value[: BLOCK_CHARS * MAX_BLOCKS]
             return _leading_block(model, _canonical(extra) if extra else b"", head + value)
         return _from_messages(model, value, extra)
     return None
