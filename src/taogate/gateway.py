@@ -38,7 +38,6 @@ from taogate.control.scraper import Scraper
 from taogate.control.warmup import Warmup
 from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.policy import Policy, make_policy
-from taogate.dispatch.prefix_chains import PrefixChains
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.token_ids import MAX_PREFIX_TOKENS, PromptTokenizer, load_prompt_tokenizer
 from taogate.dispatch.tokens import TokenizerUnavailable, load_exact_counter
@@ -98,8 +97,8 @@ class Gateway:
         self._access_sink = access_sink  # where access lines go instead of logging records (cli)
         self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by discovery
         # What outlives a config (a reload carries each into the new parts by name): learned speeds
-        # and characters per token, what earlier prompts shared per prefix key, the instances (leases
-        # in flight, KV-event indexes, breakers, cache models), the wait queue, the pool's
+        # and characters per token, the instances (leases in flight, KV-event indexes, breakers,
+        # cache models and the prompt chains sent to each), the wait queue, the pool's
         # connections, the control plane's client, the response ids clients chose, the requests in
         # flight, the metrics, history and discovery.
         keys = self._keys(settings)
@@ -107,7 +106,6 @@ class Gateway:
         # would cost more than the rest of the learning.
         self.speeds = SpeedEstimator(rebuild_every=0.005, clock=clock)
         self.tokens = TokenEstimator(chars_per_token=settings.prefill.chars_per_token)
-        self.prefix_chains = PrefixChains()
         # Optional exact counts for plain text; TokenizerUnavailable names what is missing. The
         # tokenizer is the process's: a reload cannot change it.
         self._exact = load_exact_counter(settings.prefill.tokenizer) if settings.prefill.tokenizer else None
@@ -310,7 +308,6 @@ class Gateway:
                 self._exact,
                 blocks=self._prompt_tokenizer,
                 scope=self._precise_scope,
-                chains=self.prefix_chains,
             ),
             dispatcher=self.dispatcher,
             limiter=self.limiter,

@@ -1,14 +1,18 @@
-"""How much of a plain prompt an earlier one with its key shared: whole blocks, bounded memory."""
+"""How far a plain prompt's prefix runs on an instance: its chain, and the chains sent there."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.dispatch.prefix import BLOCK_CHARS, DIGEST, MAX_BLOCKS, SharedPrefix, shared_prefix
-from taogate.dispatch.prefix_chains import PrefixChains, common_blocks
+from taogate.dispatch.calibration import TokenEstimator
+from taogate.dispatch.prefix import BLOCK_CHARS, MAX_BLOCKS, SharedPrefix, shared_prefix
+from taogate.dispatch.prefix_chains import PromptChain, SentChains
+from taogate.dispatch.types import RequestFacts
+from taogate.fleet.cache_state import InstanceCache
 
 DOC = "".join(f"line {i}: the report says the quarter went as planned.\n" for i in range(200))  # ~11 K
+HEADER = "Answer from the document below only, and say so when it does not tell. " * 40  # ~2.9 K
 
 
 def prompt(text: str) -> SharedPrefix:
@@ -17,66 +21,89 @@ def prompt(text: str) -> SharedPrefix:
     return found
 
 
+def chars(size: object) -> int:
+    return getattr(size, "ascii", 0)
+
+
+def chain(text: str) -> PromptChain:
+    return PromptChain(prompt(text), chars)
+
+
 def test_a_plain_prompt_hashes_its_following_whole_blocks() -> None:
     found = prompt(DOC + "question")
     whole = len(DOC + "question") // BLOCK_CHARS
-    assert len(found.chain) == (whole - 1) * DIGEST
+    assert len(found.chain) == whole - 1
     assert found.size.ascii == BLOCK_CHARS
-    assert prompt("x" * (BLOCK_CHARS * (MAX_BLOCKS + 5))).chain.__len__() == (MAX_BLOCKS - 1) * DIGEST
-    assert prompt("x" * (BLOCK_CHARS + 10)).chain == b""  # no second whole block
+    assert len(prompt("x" * (BLOCK_CHARS * (MAX_BLOCKS + 5))).chain) == MAX_BLOCKS - 1
+    assert prompt("x" * (BLOCK_CHARS + 10)).chain == ()  # no second whole block
 
 
-def test_a_second_prompt_sharing_a_document_covers_it() -> None:
-    chains = PrefixChains()
-    first, second = prompt(DOC + "question one"), prompt(DOC + "question two")
-    assert first.key == second.key
-    assert chains.covered(first) == first.size  # nothing seen before: the key's own block
-    covered = chains.covered(second)
-    assert len(DOC) - BLOCK_CHARS < covered.ascii <= len(DOC)  # the document, in whole blocks
+def test_a_chain_prices_its_key_block_and_each_run_after_it() -> None:
+    c = chain(DOC)
+    assert c.tokens(0) == BLOCK_CHARS
+    assert c.tokens(2) == 3 * BLOCK_CHARS
+    assert c.tokens(10_000) == len(DOC) // BLOCK_CHARS * BLOCK_CHARS  # no further than its blocks
+    assert c.tokens(-1) == BLOCK_CHARS
 
 
-def test_prompts_sharing_only_the_first_block_cover_only_it() -> None:
-    chains = PrefixChains()
-    head = DOC[:BLOCK_CHARS]
-    chains.covered(prompt(head + "A" * 5000))
-    assert chains.covered(prompt(head + "B" * 5000)).ascii == BLOCK_CHARS
+def test_an_instance_holds_the_documents_sent_to_it() -> None:
+    sent = SentChains()
+    a, b = chain(HEADER + "A" * 6000), chain(HEADER + "B" * 6000)
+    assert sent.run(a.hashes) == 0
+    sent.add(a.hashes)
+    assert sent.run(a.hashes) == len(a.hashes)
+    assert sent.run(chain(HEADER + "A" * 6000 + "question").hashes) == len(a.hashes)
+    assert sent.run(b.hashes) == 1  # the header's second whole block only: the third holds its end
+    assert b.tokens(sent.run(b.hashes)) == 2 * BLOCK_CHARS
 
 
-def test_the_closest_of_the_kept_prompts_counts() -> None:
-    chains = PrefixChains(per_key=2)
-    head = DOC[:BLOCK_CHARS]
-    a, b = head + "A" * 4096, head + "B" * 8192
-    chains.covered(prompt(a))
-    chains.covered(prompt(b))
-    assert chains.covered(prompt(a + "more")).ascii == BLOCK_CHARS + 4096
-    assert chains.covered(prompt(b + "more")).ascii == BLOCK_CHARS + 8192
-
-
-def test_a_growing_prompt_replaces_the_one_it_extends() -> None:
-    chains = PrefixChains(per_key=1)
-    chains.covered(prompt(DOC[:3000]))
-    chains.covered(prompt(DOC[:6000]))
-    chains.covered(prompt(DOC[:4000]))  # shorter: the longer one already covers it, and stays
-    assert chains.covered(prompt(DOC[:9000])).ascii == 6000 // BLOCK_CHARS * BLOCK_CHARS
-
-
-def test_keys_are_bounded_least_recent_first() -> None:
-    chains = PrefixChains(keys=2)
-    docs = [f"{k} " + DOC for k in range(3)]
-    for d in docs:
-        chains.covered(prompt(d))
-    assert len(chains) == 2
-    assert chains.covered(prompt(docs[0])).ascii == BLOCK_CHARS  # forgotten
-    assert chains.covered(prompt(docs[2])).ascii > BLOCK_CHARS
+def test_tails_go_first_so_a_held_hash_keeps_its_prefix() -> None:
+    sent = SentChains(capacity=4)
+    a = chain(DOC)  # 9 hashes
+    sent.add(a.hashes)
+    assert len(sent) == 4
+    assert sent.run(a.hashes) == 4  # the four leading ones, the tail evicted
+    sent.resize(2)
+    assert sent.run(a.hashes) == 2
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    a=st.lists(st.binary(min_size=DIGEST, max_size=DIGEST), max_size=12),
-    b=st.lists(st.binary(min_size=DIGEST, max_size=DIGEST), max_size=12),
+    docs=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8)), min_size=1, max_size=12),
+    capacity=st.integers(1, 20),
 )
-def test_common_blocks_counts_the_equal_leading_hashes(a: list[bytes], b: list[bytes]) -> None:
-    want = 0
-    while want < min(len(a), len(b)) and a[want] == b[want]:
-        want += 1
-    assert common_blocks(b"".join(a), b"".join(b)) == want
+def test_what_is_held_is_always_a_prefix_of_each_chain(docs: list[tuple[int, int]], capacity: int) -> None:
+    """Chains sharing prefixes of several lengths, added in any order under any bound: ``run``'s
+    binary search equals counting the held leading hashes one by one."""
+    sent = SentChains(capacity=capacity)
+    chains = [tuple(range(doc * 100, doc * 100 + n)) for doc, n in docs]
+    for c in chains:
+        sent.add(c)
+        for other in chains:
+            held = 0
+            while held < len(other) and sent.run(other[: held + 1]) == held + 1:
+                held += 1
+            assert sent.run(other) == held
+
+
+def test_an_instance_is_priced_at_the_document_it_was_sent() -> None:
+    """Two documents under one header: each instance is priced at a hit of its own document only."""
+    tokens = TokenEstimator(chars_per_token=4.0)
+
+    def facts(text: str) -> RequestFacts:
+        shared = prompt(text)
+        size = tokens.estimate("m", shared.size)
+        c = PromptChain(shared, lambda s: tokens.estimate("m", s))
+        return RequestFacts(
+            "m", len(text) // 4, long=False, prefix_key=shared.key, prefix_tokens=size, chain=c
+        )
+
+    holds_a, holds_b = InstanceCache(), InstanceCache()
+    for cache, text in ((holds_a, HEADER + "A" * 8000), (holds_b, HEADER + "B" * 8000)):
+        ticket = cache.dispatched(facts(text + " first question"))
+        cache.computed(ticket)
+        cache.finished(ticket)
+    follower = facts(HEADER + "A" * 8000 + " second question")
+    on_a, on_b = holds_a.hit(follower), holds_b.hit(follower)
+    assert on_a > 2500  # the header and the document
+    assert 0 < on_b < 600  # the header's whole blocks only

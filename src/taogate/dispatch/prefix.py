@@ -8,7 +8,7 @@ pays only when requests sharing a prefix go to the same instance. The shared par
   repeats.
 * **A single message or a plain prompt**: its first ``BLOCK_CHARS`` characters (about 256 tokens).
   Its following whole blocks are hashed too, each on all before it (``chain``, up to ``MAX_BLOCKS``):
-  ``prefix_chains`` measures on them how much more than the first block a later prompt shares.
+  ``prefix_chains`` measures on them how much more than the first block each instance was sent.
 * Under ``MIN_PREFIX_CHARS``, or embeddings and /tokenize: no key.
 
 The model is part of the key (two models never share a KV cache), and at most ``MAX_ITEMS`` messages
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,7 +30,6 @@ from .tokens import MAX_ITEMS, PromptSize, measure_text, route_kind
 
 __all__ = [
     "BLOCK_CHARS",
-    "DIGEST",
     "MAX_BLOCKS",
     "MIN_PREFIX_CHARS",
     "SharedPrefix",
@@ -43,7 +41,6 @@ BLOCK_CHARS: Final = 1024
 MIN_PREFIX_CHARS: Final = 512
 #: Blocks of a prompt that are hashed: 64 K characters, about 16 K tokens.
 MAX_BLOCKS: Final = 64
-DIGEST: Final = array("q").itemsize  # bytes of each block's hash in a chain
 _BLOCK_IDS: Final = 256  # the same block for token-id prompts
 _MIN_IDS: Final = 128
 
@@ -52,14 +49,14 @@ _MIN_IDS: Final = 128
 class SharedPrefix:
     """A prefix key and the size of the part it covers (what a cache hit saves, at least).
 
-    ``chain``: the hashes of the whole blocks that follow the key's, each on everything before it
-    (``DIGEST`` bytes each, packed), and ``text`` the prompt they were cut from; empty for a
-    conversation's history, whose key covers all of it. The hashes are Python's own, seeded per
+    ``chain``: the hashes of the whole blocks that follow the key's, each on everything before it,
+    and ``text`` the prompt they were cut from; empty for a conversation's history, whose key
+    covers all of it. The hashes are Python's own, seeded per
     process: chains are only compared within the process that made them."""
 
     key: int
     size: PromptSize
-    chain: bytes = b""
+    chain: tuple[int, ...] = ()
     text: str = ""
 
 
@@ -115,11 +112,11 @@ def _leading_block(model: bytes, extra: bytes, text: str) -> SharedPrefix | None
         return SharedPrefix(key, measure_text(block))
     # The builtin hash: a quarter of blake2b's cost on a long prompt, and chains never leave here.
     chained = key
-    hashes = array("q")
+    hashes: list[int] = []
     for start in range(BLOCK_CHARS, end, BLOCK_CHARS):
         chained = hash((chained, text[start : start + BLOCK_CHARS]))
         hashes.append(chained)
-    return SharedPrefix(key, measure_text(block), hashes.tobytes(), text)
+    return SharedPrefix(key, measure_text(block), tuple(hashes), text)
 
 
 def _from_prompt(model: bytes, prompt: object) -> SharedPrefix | None:

@@ -1,68 +1,94 @@
-"""How much of a prompt an earlier one with its prefix key shared, in whole blocks.
+"""How far a plain prompt's prefix runs on each instance: its block chain, and the chains sent there.
 
-A plain prompt's key covers its first block only (``prefix``): prompts sharing a long document, a
-file being completed or a few-shot template would otherwise be priced as if only ~256 tokens of
-their prefix could hit. Per key, the block chains of its last few prompts are kept; a new prompt
-with the key shares the leading blocks its own chain has in common with the closest of them.
-Bounded: at most ``keys`` keys (least recently seen dropped first), ``per_key`` chains each.
+A plain prompt's key is its first block (``prefix``), so prompts under one long header (a RAG
+template, a few-shot preamble) share it whatever document follows. Its following whole blocks are
+hashed each on all before it (``SharedPrefix.chain``). ``PromptChain`` is one request's chain with
+the tokens each leading run of it comes to; ``SentChains`` is one instance's memory of the chains
+sent to it, least recently sent dropped first, so each instance is priced at the blocks its own
+cache would hit, as vLLM matches blocks, and documents under one header can be told apart.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Final
 
-from .prefix import BLOCK_CHARS, DIGEST, SharedPrefix
+from .prefix import BLOCK_CHARS, SharedPrefix
 from .tokens import PromptSize, measure_text
 
-__all__ = ["PrefixChains", "common_blocks"]
+__all__ = ["CHAIN_BLOCK_TOKENS", "PromptChain", "SentChains"]
 
-_KEYS: Final = 2048
-_PER_KEY: Final = 4
-
-
-def common_blocks(a: bytes, b: bytes) -> int:
-    """How many leading ``DIGEST``-byte hashes two chains share."""
-    n = min(len(a), len(b)) // DIGEST
-    lo, hi = 0, n  # chains are compared by prefixes: equal up to lo, not beyond hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[: mid * DIGEST] == b[: mid * DIGEST]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+#: Tokens assumed per chained block (1,024 characters), to size an instance's memory from its cache.
+CHAIN_BLOCK_TOKENS: Final = 256
+_DEFAULT_HASHES: Final = 1024  # a 262,144-token cache, until the instance says
+_MAX_HASHES: Final = 65_536  # ~6 MB per instance at most, whatever cache it reports
 
 
-class PrefixChains:
-    """The chains of recent prompts per prefix key. Not thread-safe; the event loop owns it."""
+class PromptChain:
+    """One prompt's chain; ``tokens(n)`` is its key's block and the next ``n`` blocks, estimated
+    once per run length (a request is priced on several instances)."""
 
-    def __init__(self, keys: int = _KEYS, per_key: int = _PER_KEY) -> None:
-        self._keys = max(1, keys)
-        self._per_key = max(1, per_key)
-        self._chains: OrderedDict[int, list[bytes]] = OrderedDict()
+    def __init__(self, shared: SharedPrefix, estimate: Callable[[PromptSize], int]) -> None:
+        self.hashes: Sequence[int] = shared.chain
+        self._size = shared.size
+        self._text = shared.text
+        self._estimate = estimate
+        self._memo: dict[int, int] = {}
+
+    def tokens(self, blocks: int) -> int:
+        blocks = min(max(0, blocks), len(self.hashes))
+        got = self._memo.get(blocks)
+        if got is None:
+            size = self._size
+            if blocks:
+                size = size + measure_text(self._text[BLOCK_CHARS : (blocks + 1) * BLOCK_CHARS])
+            got = self._memo[blocks] = self._estimate(size)
+        return got
+
+
+class SentChains:
+    """The chain hashes of the prompts one instance was sent, bounded, least recently sent first.
+    A chain is added tail first, so a prefix is always fresher than what follows it and eviction
+    takes tails first (as vLLM frees a request's blocks): a held hash means its prefix is held.
+    Not thread-safe; the event loop owns it."""
+
+    def __init__(self, capacity: int = _DEFAULT_HASHES) -> None:
+        self._capacity = min(max(1, capacity), _MAX_HASHES)
+        self._held: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._chains)
+        return len(self._held)
 
-    def covered(self, shared: SharedPrefix) -> PromptSize:
-        """The size of the part of this prompt an earlier prompt with its key shared (at least the
-        key's own block); the prompt's chain is remembered for the next ones."""
-        chain = shared.chain
-        if not chain:
-            return shared.size
-        kept = self._chains.get(shared.key)
-        if kept is None:
-            self._chains[shared.key] = [chain]
-            if len(self._chains) > self._keys:
-                self._chains.popitem(last=False)
-            return shared.size
-        self._chains.move_to_end(shared.key)
-        best = max(common_blocks(chain, c) for c in kept)
-        # Newest first; a chain this one extends (or repeats) is dropped, and one that extends this
-        # one already covers it.
-        if not any(c.startswith(chain) for c in kept):
-            kept[:] = [chain, *(c for c in kept if not chain.startswith(c))][: self._per_key]
-        if not best:
-            return shared.size
-        return shared.size + measure_text(shared.text[BLOCK_CHARS : (best + 1) * BLOCK_CHARS])
+    def resize(self, capacity: int) -> None:
+        self._capacity = min(max(1, capacity), _MAX_HASHES)
+        self._evict()
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def run(self, chain: Sequence[int]) -> int:
+        """How many leading hashes of ``chain`` are held (a binary search: held ones are a prefix)."""
+        held = self._held
+        lo, hi = 0, len(chain)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if chain[mid - 1] in held:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def add(self, chain: Sequence[int]) -> None:
+        held = self._held
+        for h in reversed(chain):
+            if h in held:
+                held.move_to_end(h)
+            else:
+                held[h] = None
+        self._evict()
+
+    def _evict(self) -> None:
+        held, cap = self._held, self._capacity
+        while len(held) > cap:
+            held.popitem(last=False)

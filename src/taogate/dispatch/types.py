@@ -52,6 +52,15 @@ class PromptBlocks(Protocol):
     def hashes(self, block_size: int) -> Sequence[int]: ...
 
 
+class PrefixChain(Protocol):
+    """A plain prompt's whole blocks after its key's, each hashed on all before it, and the tokens
+    its key's block and the next ``blocks`` come to (``dispatch.prefix_chains``)."""
+
+    hashes: Sequence[int]
+
+    def tokens(self, blocks: int) -> int: ...
+
+
 class CacheView(Protocol):
     """What dispatch may ask of an instance's prefix cache (modelled, or indexed from KV events)."""
 
@@ -167,6 +176,7 @@ class RequestFacts:
     blocks: PromptBlocks | None = None  # its token ids' block hashes (precise mode), else None
     tenant: str = ""  # the client key's name: the gateway queue's fair share between keys
     receipt: bool = False  # the client (or [dispatch] route_receipt) asked why it goes where it goes
+    chain: PrefixChain | None = None  # a plain prompt's blocks after its key's: how far it runs where
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,
@@ -181,6 +191,7 @@ class RequestFacts:
         blocks: PromptBlocks | None = None,
         tenant: str = "",
         receipt: bool = False,
+        chain: PrefixChain | None = None,
     ) -> None:
         self.model = model
         self.prompt_tokens = prompt_tokens
@@ -193,6 +204,7 @@ class RequestFacts:
         self.blocks = blocks
         self.tenant = tenant
         self.receipt = receipt
+        self.chain = chain
 
 
 @dataclass(init=False, slots=True)

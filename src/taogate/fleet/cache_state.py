@@ -11,7 +11,9 @@
   it), unless that engine's in-flight followers have been seen to hit (``follows``).
 * approximate: the model's ``expected_hit`` (``dispatch.cache_model``), which likewise counts a
   prefix only once the engine has computed it (a first token, or ``cached_tokens``), or while it
-  is in flight once followers there have shown hits in their ``cached_tokens``.
+  is in flight once followers there have shown hits in their ``cached_tokens``. A plain prompt's
+  prefix there is its key's block and as many blocks after it as the chains sent there share
+  (``chains``), so documents under one header are told apart.
 * no cache at all when the instance says its prefix caching is off (``caching``): dispatch then
   works there as with affinity off.
 
@@ -22,6 +24,7 @@ hit counter between scrapes, and each answer's ``cached_tokens``.
 from __future__ import annotations
 
 from taogate.dispatch.cache_model import PrefixCacheModel, Ticket
+from taogate.dispatch.prefix_chains import CHAIN_BLOCK_TOKENS, SentChains
 from taogate.dispatch.types import RequestFacts
 from taogate.fleet.engine import CacheConfig
 from taogate.fleet.kv_index import KvIndex
@@ -34,6 +37,7 @@ class InstanceCache:
 
     def __init__(self) -> None:
         self.model = PrefixCacheModel()
+        self.chains = SentChains()  # the plain prompts' block chains sent here
         self.index: KvIndex | None = None  # set when the instance publishes KV events
         self.config: CacheConfig | None = None
         # False when the instance says its prefix caching is off (then dispatch sees no cache). Kept
@@ -43,7 +47,8 @@ class InstanceCache:
     # -- CacheView -------------------------------------------------------------------------------
     def hit(self, req: RequestFacts) -> float:
         model = self.model
-        key, prefix, prompt = req.prefix_key, req.prefix_tokens, req.prompt_tokens
+        key, prompt = req.prefix_key, req.prompt_tokens
+        prefix = req.prefix_tokens if req.chain is None else self._prefix(req)
         index = self.index
         blocks = req.blocks
         if index is None or blocks is None or not index.usable:
@@ -90,6 +95,7 @@ class InstanceCache:
         self.config = config
         self.caching = config.prefix_caching
         self.model.configure(config.usable_blocks, config.block_size)
+        self.chains.resize(config.usable_blocks * config.block_size // CHAIN_BLOCK_TOKENS)
         if self.index is not None:
             self._configure_index(self.index, config)
 
@@ -115,7 +121,22 @@ class InstanceCache:
     def dispatched(self, req: RequestFacts) -> Ticket:
         out = req.max_tokens if req.max_tokens is not None else 16
         key = req.prefix_key
-        return self.model.dispatched(key, req.prefix_tokens if key is not None else 0, req.prompt_tokens, out)
+        if key is None:
+            return self.model.dispatched(None, 0, req.prompt_tokens, out)
+        chain = req.chain
+        if chain is None:
+            return self.model.dispatched(key, req.prefix_tokens, req.prompt_tokens, out)
+        prefix = self._prefix(req)  # as ``hit`` priced it: the model learns from that prediction
+        self.chains.add(chain.hashes)
+        return self.model.dispatched(key, prefix, req.prompt_tokens, out)
+
+    def _prefix(self, req: RequestFacts) -> int:
+        """Tokens of ``req``'s prefix this instance was sent: its key's block, and for a plain
+        prompt as many of the blocks after it as the chains sent here share."""
+        chain, key = req.chain, req.prefix_key
+        if chain is None or key is None or not self.model.sent(key):
+            return req.prefix_tokens
+        return chain.tokens(self.chains.run(chain.hashes))
 
     def computed(self, ticket: Ticket) -> None:
         """A request sent here has its first token: the engine has computed its prefix."""
@@ -130,6 +151,7 @@ class InstanceCache:
     def counters(self, hit_tokens: float) -> None:
         self.model.observe_counters(hit_tokens)
 
-    def sizes(self) -> tuple[int, int]:
-        """(modelled entries, indexed blocks): what this instance's cache state costs in memory."""
-        return len(self.model), len(self.index) if self.index is not None else 0
+    def sizes(self) -> tuple[int, int, int]:
+        """(modelled entries, chain hashes, indexed blocks): what this instance's cache state costs
+        in memory."""
+        return len(self.model), len(self.chains), len(self.index) if self.index is not None else 0

@@ -78,7 +78,8 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "prefilling": inst.prefilling,
                 "prefill_tokens": inst.prefill_tokens,
                 "cache_entries": inst.cache.sizes()[0],
-                "kv_index_blocks": inst.cache.sizes()[1],
+                "prompt_chain_hashes": inst.cache.sizes()[1],  # plain prompts' blocks sent here
+                "kv_index_blocks": inst.cache.sizes()[2],
                 # precise mode: dispatch on the KV-event index or on the model, and why (None: no index)
                 "precise": _precise(inst),
                 "cache_trust": round(inst.cache.model.trust, 3),

@@ -7,6 +7,7 @@ text for the size estimate and the prefix key), never re-serialised.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from starlette.types import Receive
 
 from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.prefix import shared_prefix
-from taogate.dispatch.prefix_chains import PrefixChains
+from taogate.dispatch.prefix_chains import PromptChain
 from taogate.dispatch.token_ids import PromptTokenizer
 from taogate.dispatch.tokens import ExactCounter, PromptSize, prompt_size
 from taogate.dispatch.types import RequestFacts
@@ -155,16 +156,17 @@ def request_facts(
     settings: Settings,
     exact: ExactCounter | None = None,
     priority: int = 0,
-    chains: PrefixChains | None = None,
 ) -> tuple[RequestFacts, PromptSize]:
     """What dispatch needs to know about one request: size (calibrated estimate), long or not,
-    shared-prefix key and how much of the prompt it covers (as far as ``chains`` saw it shared),
-    stream flag, output limit. Also returns the size features for calibration."""
+    shared-prefix key and what it covers (with a plain prompt's chain of blocks after it), stream
+    flag, output limit. Also returns the size features for calibration."""
     kind, seen = route.view(payload) if route.view is not None else (route.kind, payload)
     size = prompt_size(kind, seen, exact)
     estimate = tokens.estimate(model, size)
     shared = shared_prefix(kind, seen) if settings.dispatch.prefix_affinity else None
-    covered = (chains.covered(shared) if chains is not None else shared.size) if shared else None
+    chain = None
+    if shared is not None and shared.chain:
+        chain = PromptChain(shared, functools.partial(tokens.estimate, model))
     limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
     return (
         RequestFacts(
@@ -172,10 +174,11 @@ def request_facts(
             prompt_tokens=estimate,
             long=estimate > settings.prefill.long_input_threshold,
             prefix_key=shared.key if shared else None,
-            prefix_tokens=tokens.estimate(model, covered) if covered else 0,
+            prefix_tokens=tokens.estimate(model, shared.size) if shared else 0,
             stream=payload.get("stream") is True,
             max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
             priority=priority,
+            chain=chain,
         ),
         size,
     )
@@ -258,10 +261,8 @@ class Intake:
         *,
         blocks: PromptTokenizer | None = None,
         scope: PreciseScope | None = None,
-        chains: PrefixChains | None = None,
     ) -> None:
         self._settings = settings
-        self._chains = chains  # what earlier prompts shared, per prefix key (outlives a reload)
         self.tokens = tokens
         self._exact = exact
         self._deadlines = Deadlines()  # the body reads'
@@ -299,7 +300,6 @@ class Intake:
                 settings=settings,
                 exact=self._exact,
                 priority=priority,
-                chains=self._chains,
             )
             # ``X-Taogate-Route: 1`` on the request, or ``[dispatch] route_receipt`` for every request
             facts.receipt = settings.dispatch.route_receipt or (receipt or b"").strip() == b"1"
