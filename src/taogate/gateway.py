@@ -34,6 +34,7 @@ from taogate.control.kv_endpoints import require_precise
 from taogate.control.kv_events import KvEventsSubscriber
 from taogate.control.loops import Background
 from taogate.control.probes import HealthProbes
+from taogate.control.remeasure import Remeasure
 from taogate.control.scraper import Scraper
 from taogate.control.warmup import Warmup
 from taogate.dispatch.calibration import TokenEstimator
@@ -156,6 +157,7 @@ class Gateway:
         self.probes = HealthProbes(
             self.fleet, self.client, current, self.events, warm_up=warm_up, clock=clock
         )
+        self.remeasure = Remeasure(self.fleet, warm_up.measure, current, self.events, clock=clock)
         self.scraper = Scraper(self.fleet, self.client, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()
@@ -224,6 +226,7 @@ class Gateway:
         bg = self._background
         bg.every(lambda: self.settings.discovery.interval, self._discover)
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.probes.probe_all)
+        bg.every(lambda: self.settings.dispatch.health_check_interval, self.remeasure)
         bg.every(lambda: self.settings.dispatch.scrape_interval, self.scraper.scrape_all)
         bg.every(lambda: HISTORY_INTERVAL, self._record_history)
 

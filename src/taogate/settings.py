@@ -195,6 +195,12 @@ class DispatchSettings(Section):
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."
     )
+    remeasure_after: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds a slow-flagged instance may teach dispatch nothing, idle, before the "
+        "warm-up's prompts measure it again (0: never).",
+    )
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive request failures to eject.")
     breaker_cooldown: float = Field(default=15.0, gt=0, description="Seconds an ejected instance rests.")
     retry: RetrySettings = Field(default_factory=RetrySettings)

@@ -66,3 +66,24 @@ async def test_slow_and_stale_scrapes_are_said_so(caplog: pytest.LogCaptureFixtu
     assert "instance i1: engine stats are" in log and "past the 2.0 s they are trusted for" in log
     assert "instance i1: a scrape of /metrics took 3." in log
     assert "instance i0: engine stats are" not in log  # one slow instance holds up no other's scrapes
+
+
+async def test_a_card_flagged_slow_and_left_idle_is_measured_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A card throttled as it came up is flagged slow and sent nothing, so nothing would teach its
+    speed again; once it has recovered, the slow card's re-measure clears it, and says so."""
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    async with run_fleet([EmulatorConfig(seed=i) for i in range(2)]) as fleet:
+        fleet.instances[1].faults.throttle = 5.0  # six times slower at its warm-up
+        dispatch = {"warmup_tokens": 1024, "health_check_interval": 0.2, "remeasure_after": 0.5}
+        settings = settings_for(fleet.urls, names=["fast", "throttled"], dispatch=dispatch)
+        async with serve_gateway(settings) as gate, client() as http:
+            slow = lambda: gate.app.gateway.fleet.slow  # noqa: E731
+            await wait_until(lambda: "throttled" in slow(), within=5.0, what="the throttled card flagged")
+            fleet.instances[1].faults.throttle = 0.0
+            await wait_until(lambda: not slow(), within=30.0, what="the recovered card cleared")
+            text = (await http.get(gate.url + "/metrics")).text
+    assert "instance throttled is flagged slow and has taught dispatch nothing for 0.5 s" in caplog.text
+    assert "instance throttled is no longer slow" in caplog.text
+    counted = r'^taogate_health_transitions_total\{instance="throttled",kind="speed",to="remeasured"\} (\S+)$'
+    found = re.search(counted, text, re.M)
+    assert found is not None and float(found.group(1)) >= 1, text

@@ -10,7 +10,8 @@ the card look up to four times faster than it is, a large one held up a fast car
 ``[dispatch] warmup_tokens = 0`` turns it off. An instance that refuses it (vLLM wants
 ``Content-Type: application/json``; a chat-only model has no completions) is said so in the log:
 dispatch then learns its speed from traffic alone. It waits for ``ready`` first (the instance's KV
-events subscribed, in precise mode), so its blocks are indexed too.
+events subscribed, in precise mode), so its blocks are indexed too. ``measure`` is also how a slow
+card left idle is measured again (``remeasure``).
 """
 
 from __future__ import annotations
@@ -60,22 +61,30 @@ class Warmup:
         self._ready = ready
 
     async def __call__(self, inst: Instance) -> None:
-        """Teach the speed estimator the instance's base latency and prefill speed."""
+        """Teach the speed estimator the instance's base latency and prefill speed as it comes up."""
+        if self._settings().dispatch.warmup_tokens <= 0 or not inst.models:
+            return
+        if self._ready is not None:
+            await self._ready(inst)
+        if await self.measure(inst):
+            speed = self._speeds.speed(inst.name)
+            log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, speed)
+
+    async def measure(self, inst: Instance) -> bool:
+        """The four prompts, and what they teach; False when they taught nothing (off, refused)."""
         settings = self._settings()
         tokens = settings.dispatch.warmup_tokens
         if tokens <= 0 or not inst.models:
-            return
+            return False
         model = min(inst.models)
         context = inst.model_cards.get(model, {}).get("max_model_len")
         if isinstance(context, int) and context > 0:
             tokens = max(8, min(tokens, context // _TOKENS_PER_WORD))
-        if self._ready is not None:
-            await self._ready(inst)
         answers: list[tuple[float, int]] = []
         for words in (_SMALL_WORDS, tokens, _SMALL_WORDS, tokens):
             got = await self._one(inst, model, words, settings.gateway.request_timeout)
             if got is None:
-                return
+                return False
             answers.append(got)
         small, large, small_again, large_again = answers
         # The fixed latency first, then the prefill after it.
@@ -88,7 +97,7 @@ class Warmup:
                 prompt_tokens=prompt,
                 exact=True,
             )
-        log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, self._speeds.speed(inst.name))
+        return True
 
     async def _one(self, inst: Instance, model: str, words: int, limit: float) -> tuple[float, int] | None:
         body = {"model": model, "prompt": warmup_prompt(words), "max_tokens": 1, "temperature": 0}

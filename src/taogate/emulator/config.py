@@ -29,6 +29,8 @@ class Faults:
     - ``slow_first_byte``: extra seconds before a generation response starts.
     - ``close_mid_stream``: drop the connection after this many stream chunks (0 = never).
     - ``latency_spike``: extra seconds added to every engine step while set.
+    - ``throttle``: every engine step takes this many times its own duration more (a card throttled,
+      then recovering when it is set back to 0).
     - ``metrics_delay``: extra seconds before ``GET /metrics`` answers (a busy vLLM renders slowly).
     """
 
@@ -38,6 +40,7 @@ class Faults:
     slow_first_byte: float = 0.0
     close_mid_stream: int = 0
     latency_spike: float = 0.0
+    throttle: float = 0.0
     metrics_delay: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """The real-time driver: runs the pure ``Engine`` step loop on asyncio and feeds per-request queues.
 
-Loop: ``plan = engine.schedule()``; wait ``plan.duration`` (+ the ``latency_spike`` fault) on the
-injected clock; ``engine.update(plan)``; put each output on its request's queue. Requests that arrive
-mid-step join at the next step boundary, as in vLLM. Waits are deadline-based so asyncio's small
-oversleeps do not add up over hundreds of decode steps.
+Loop: ``plan = engine.schedule()``; wait ``plan.duration`` (+ the ``latency_spike`` and ``throttle``
+faults) on the injected clock; ``engine.update(plan)``; put each output on its request's queue.
+Requests that arrive mid-step join at the next step boundary, as in vLLM. Waits are deadline-based
+so asyncio's small oversleeps do not add up over hundreds of decode steps.
 
 Aborts (client gone, stop string hit, shutdown) free the engine slot at once and put a final output
 with the abort's reason on the queue, so whoever reads the queue always sees exactly one finish.
@@ -55,7 +55,7 @@ class EngineDriver:
         engine: Engine,
         clock: Clock,
         *,
-        extra_step_delay: Callable[[], float],
+        extra_step_delay: Callable[[float], float],
         on_output: OutputHook,
         on_events: EventsHook | None = None,
     ) -> None:
@@ -133,7 +133,7 @@ class EngineDriver:
                 started = self._live.get(rid)
                 if started is not None and started.scheduled is None:
                     started.scheduled = now
-            deadline = max(deadline, now - _MAX_CATCHUP_S) + plan.duration + self._extra()
+            deadline = max(deadline, now - _MAX_CATCHUP_S) + plan.duration + self._extra(plan.duration)
             await clock.sleep(deadline - now)
             outputs = engine.update(plan)
             if self._on_events is not None:  # a step's KV events go out after its forward, as vLLM's

@@ -50,7 +50,7 @@ class EmulatorInstance:
         self.driver = EngineDriver(
             self.engine,
             self.clock,
-            extra_step_delay=self._spike,
+            extra_step_delay=self._fault_delay,
             on_output=self._on_output,
             on_events=self.kv_events.publish if self.kv_events is not None else None,
         )
@@ -127,8 +127,9 @@ class EmulatorInstance:
             record.finish - record.arrival,
         )
 
-    def _spike(self) -> float:
-        return self.faults.latency_spike
+    def _fault_delay(self, step: float) -> float:
+        """What the faults add to an engine step of ``step`` seconds."""
+        return self.faults.latency_spike + step * self.faults.throttle
 
     def _on_output(self, tracked: Tracked, out: SeqOutput, now: float) -> None:
         record, m = tracked.record, self.metrics

@@ -81,6 +81,15 @@ class FleetEvents:
         else:
             log.warning("instance %s is %s: %s", inst.name, transition.to.value, detail)
 
+    def remeasured(self, inst: Instance, idle_for: float) -> None:
+        """A slow-flagged instance that taught nothing for ``idle_for`` s is measured again."""
+        log.info(
+            "instance %s is flagged slow and has taught dispatch nothing for %g s: measuring it again",
+            inst.name,
+            idle_for,
+        )
+        self._count(inst.name, "speed", "remeasured")
+
     def capacity_changed(self) -> None:
         """Something may have freed capacity (an instance came up, a cool-down ended)."""
         self._dispatcher.pump()

@@ -152,7 +152,7 @@ class GatewayMetrics:
         )
         self.health_transitions = PlainCounter(
             "taogate_health_transitions",
-            "Health and breaker state changes per instance.",
+            "Health, breaker and slow-card changes per instance (kind speed: a slow card measured again).",
             ["instance", "kind", "to"],
             registry=registry,
         )
