@@ -53,9 +53,10 @@ compiled: $(STAMP)
 	cd $(COMPILED)/tree && HATCH_BUILD_HOOKS_ENABLE=1 $(abspath $(BIN))/pip wheel --quiet --no-deps -w $(abspath dist) .
 	cd $(COMPILED) && mkdir site && cd site && $(abspath $(BIN))/python -m zipfile -e $(abspath dist)/taogate-*.whl .
 
-# The tiers that hold the compiled build to the Python one, run on the unpacked wheel.
+# The tiers that hold the compiled build to the Python one, run on the unpacked wheel (the container
+# image's build: picker mode behind Envoy too).
 check-compiled: compiled
-	TAOGATE_EXPECT_COMPILED=1 PYTHONPATH=$(abspath $(COMPILED))/site $(BIN)/pytest tests/unit tests/transport tests/e2e tests/hostile
+	TAOGATE_EXPECT_COMPILED=1 PYTHONPATH=$(abspath $(COMPILED))/site $(BIN)/pytest tests/unit tests/transport tests/e2e tests/hostile tests/envoy
 
 # Regenerate the pinned versions after changing dependencies in pyproject.toml.
 lock: $(STAMP)

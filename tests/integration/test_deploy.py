@@ -173,6 +173,9 @@ def test_dockerfile_structure() -> None:
     assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"]
     runs = " ".join(a for op, a in steps if op == "RUN")
     assert "pip install -c constraints.txt ." in runs
+    # The image's request path is the compiled build (pyproject's mypyc hook, off by default).
+    build = steps[: max(i for i, (op, _) in enumerate(steps) if op == "FROM")]
+    assert "HATCH_BUILD_HOOKS_ENABLE=1" in " ".join(a for op, a in build if op == "ENV")
     final = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM") :]
     users = [a for op, a in final if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
