@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import math
@@ -397,6 +398,35 @@ def _register_optional_commands() -> None:
 
 
 _register_optional_commands()
+
+
+def reflowed(doc: str) -> str:
+    """A command's help with each paragraph's line breaks joined. typer joins them in the first
+    paragraph only, so the source's line breaks made the rest ragged on a narrow terminal. A line
+    that starts a list item or is indented keeps its break."""
+    out: list[str] = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.startswith((" ", "- ", "* ", "\b")) and not lines[-1].startswith("\b"):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    for info in group.registered_commands:
+        doc = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if doc:
+            info.help = reflowed(doc)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
+_reflow_help(app)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ reading the files ``serve`` reads, calling each instance what every other comman
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import shutil
@@ -22,7 +23,7 @@ from typer.testing import CliRunner
 
 from taogate import __version__
 from taogate.app import serve_gateway
-from taogate.cli import app
+from taogate.cli import app, reflowed
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.instance_settings import instance_label
@@ -66,6 +67,21 @@ def test_help_keeps_every_bracketed_word() -> None:
             assert word in rendered, f"taogate {name} --help lost {word!r}"
             checked += 1
     assert checked >= 5  # [gateway] host and port, [dispatch] ..., [[instances]]
+
+
+def test_help_paragraphs_flow_to_the_terminal_width() -> None:
+    """typer keeps the source's line breaks past a command's first paragraph; at 80 columns they
+    made ragged lines. Every command's paragraphs are reflowed; list items keep their own lines."""
+    assert reflowed("First line\n  of it.\n\nSecond one\n--a-flag wraps here.\n- an item\n- another") == (
+        "First line\n  of it.\n\nSecond one --a-flag wraps here.\n- an item\n- another"
+    )
+    for name, _command in _commands():
+        rendered = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80"}).output
+        prose = rendered.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[2:]
+        lines = [line.rstrip() for line in prose]
+        for this, after in itertools.pairwise(lines):  # a short line followed by more of its paragraph
+            ragged = this and after and len(this) < 50 and not after.lstrip().startswith(("- ", "* "))
+            assert not ragged, f"taogate {name} --help at 80 columns:\n" + "\n".join(lines)
 
 
 def test_serve_help_lists_every_strategy_and_diagnose_says_whose_gateway() -> None:
