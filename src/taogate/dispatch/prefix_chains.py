@@ -64,9 +64,6 @@ class SentChains:
         self._capacity = min(max(1, capacity), _MAX_HASHES)
         self._evict()
 
-    def clear(self) -> None:
-        self._held.clear()
-
     def run(self, chain: Sequence[int]) -> int:
         """How many leading hashes of ``chain`` are held (a binary search: held ones are a prefix)."""
         held = self._held
