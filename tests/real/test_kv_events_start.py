@@ -69,8 +69,8 @@ async def _trusted(
     while not all((i := fleet.get(n).cache.index) is not None and i.trusted for n in names):
         if time.monotonic() > deadline:
             states = {n: (i.trust if (i := fleet.get(n).cache.index) is not None else None) for n in names}
-            said = "\n".join(r.getMessage() for r in caplog.records if r.name == "taogate.health")
-            raise AssertionError(f"not trusted within {TRUSTED_WITHIN:g} s: {states}\nthe log said:\n{said}")
+            log = "\n".join(r.getMessage() for r in caplog.records if r.name == "taogate.health")
+            raise AssertionError(f"not trusted within {TRUSTED_WITHIN:g} s: {states}\nthe log said:\n{log}")
         await asyncio.sleep(0.05)
     said = [
         min(r.created for r in caplog.records if r.getMessage().startswith(f"instance {n}: precise mode on"))
