@@ -37,7 +37,7 @@ WORDS = (
 )
 REQUESTS = 12
 CONCURRENCY = 4
-RUNS = 4
+RUNS = 6
 ROWS: tuple[tuple[str, dict[str, object]], ...] = (
     ("round_robin", {"strategy": "round_robin", "prefix_affinity": False}),
     ("least_requests", {"strategy": "least_requests", "prefix_affinity": False}),
@@ -122,7 +122,7 @@ async def _rows(pair: Pair, report: Say) -> dict[str, tuple[float, dict[str, int
         return {label: min(r, key=lambda run: run[0]) for label, r in runs.items()}
 
 
-# Three gateways, each warmed up and then timed four times: 162 prompts of up to 1,200 words, the
+# Three gateways, each warmed up and then timed six times: some 250 prompts, most of 1,200 words, the
 # slow card's share of them prefilled at its pace, which on two shared cores has been seen 15x the
 # fast card's. That takes minutes on a slow machine (benchmarks/README.md, 2026-12-06).
 @pytest.mark.timeout(600, func_only=True)
