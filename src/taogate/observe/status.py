@@ -63,6 +63,7 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
         relative = speeds.relative(inst.name)
         slow = inst.name in fleet.slow
         hits = hit_rate(inst.engine_prev, engine) if engine and inst.engine_prev else None
+        entries, chain_hashes, indexed = inst.cache.sizes()
         rows.append(
             {
                 "name": inst.name,
@@ -77,9 +78,9 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "cap": inst.spec.cap,
                 "prefilling": inst.prefilling,
                 "prefill_tokens": inst.prefill_tokens,
-                "cache_entries": inst.cache.sizes()[0],
-                "prompt_chain_hashes": inst.cache.sizes()[1],  # plain prompts' blocks sent here
-                "kv_index_blocks": inst.cache.sizes()[2],
+                "cache_entries": entries,
+                "prompt_chain_hashes": chain_hashes,  # plain prompts' blocks sent here
+                "kv_index_blocks": indexed,
                 # precise mode: dispatch on the KV-event index or on the model, and why (None: no index)
                 "precise": _precise(inst),
                 "cache_trust": round(inst.cache.model.trust, 3),
