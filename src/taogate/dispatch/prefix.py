@@ -51,8 +51,8 @@ class SharedPrefix:
 
     ``chain``: the hashes of the whole blocks that follow the key's, each on everything before it,
     and ``text`` the prompt they were cut from; empty for a conversation's history, whose key
-    covers all of it. The hashes are Python's own, seeded per
-    process: chains are only compared within the process that made them."""
+    covers all of it. The hashes are Python's own, seeded per process: chains are only compared
+    within the process that made them."""
 
     key: int
     size: PromptSize
