@@ -3,14 +3,17 @@ index is whole again; without a replay socket it starts over (and dispatch falls
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
 
+from taogate.bench.procs import free_port
 from taogate.dispatch.blocks import block_hashes
 from taogate.emulator.kv_cache import block_stored
 from taogate.emulator.kv_events import KvEventPublisher, kv_event_frames
 from taogate.fleet.instance import Instance, InstanceSpec
+from tests.conftest import wait_until
 
 pytest.importorskip("zmq")
 from taogate.control.kv_events import KvEventsSubscriber
@@ -25,8 +28,9 @@ def _endpoint() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def _instance(replay: str | None) -> Instance:
-    spec = InstanceSpec("i0", "http://127.0.0.1:1", kv_events=_endpoint(), kv_events_replay=replay)
+def _instance(replay: str | None, kv_events: str | None = None) -> Instance:
+    kv_events = kv_events or _endpoint()
+    spec = InstanceSpec("i0", "http://127.0.0.1:1", kv_events=kv_events, kv_events_replay=replay)
     return Instance(spec, unhealthy_after=2, healthy_after=1, breaker_failures=5, breaker_cooldown=1.0)
 
 
@@ -113,3 +117,40 @@ async def test_a_restart_whose_first_batches_were_missed_is_replayed_whole() -> 
         assert index.cached_run(HASHES) == 4 and index.next_seq == 4
     finally:
         await publisher.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_a_replay_socket_silent_at_first_is_asked_again_until_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An engine started first whose replay socket does not answer the subscription's first ask
+    (a busy engine answers late): the index runs on what it sees, degraded, and the socket is asked
+    again until the replay makes it whole."""
+    caplog.set_level(logging.INFO, "taogate.health")
+    port, replay = free_port(), _endpoint()
+    publisher = KvEventPublisher(f"tcp://*:{port}", replay=replay)  # its replay socket not yet served
+    inst = _instance(replay, kv_events=f"tcp://*:{port}")
+    subscriber = KvEventsSubscriber([inst])
+    batches = _batches()
+    try:
+        publisher.publish(batches[0])  # before the gateway subscribed
+        subscriber.sync()
+        await wait_until(lambda: _said(caplog, "did not answer within"), within=10, what="a silent replay")
+        for events in batches[1:]:
+            publisher.publish(events)
+        index = inst.cache.index
+        assert index is not None
+        await wait_until(lambda: index.next_seq == 4, what="the live batches")
+        assert not index.trusted and index.trust.reason == "missed_start"
+        publisher.start()  # it answers from now on
+        await wait_until(lambda: index.trusted, within=10, what="asked again and whole")
+        assert index.trust.reason == "replayed" and index.cached_run(HASHES) == 4 and index.next_seq == 4
+        assert _said(caplog, "its replay socket answered on ask 2")
+        assert len(_said(caplog, "did not answer within")) == 1
+    finally:
+        await subscriber.stop()
+        await publisher.aclose()
+
+
+def _said(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]

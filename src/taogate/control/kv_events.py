@@ -3,11 +3,12 @@
 Where it binds or connects: ``control.kv_endpoints``. A subscription is ``live`` once the publisher
 is connected: the gateway's own first traffic (warm-up) waits for it. With ``kv_events_replay``
 the engine is then asked for every batch from 0, so an engine started first is indexed whole at
-once; later gaps are asked for the same way. Each batch (``[topic, seq, msgpack [ts, events,
-rank]]``) goes to the instance's ``KvIndex`` in sequence; what it cannot prove complete waits for
-the proofs ``fleet.kv_index`` lists, helped by the engine's scraped counters. Every change of the
-index's trust is said in one log line (``fleet.kv_trust``). A subscription that ends, for any
-reason, takes its index with it.
+once; later gaps are asked for the same way. A replay socket that keeps silent (an engine starved
+of CPU answers late) is asked again, less and less often, until it answers (``AskAgain``). Each
+batch (``[topic, seq, msgpack [ts, events, rank]]``) goes to the instance's ``KvIndex`` in
+sequence; what it cannot prove complete waits for the proofs ``fleet.kv_index`` lists, helped by
+the engine's scraped counters. Every change of the index's trust is said in one log line
+(``fleet.kv_trust``). A subscription that ends, for any reason, takes its index with it.
 
 Data parallel: vLLM publishes rank r on the endpoint's port + r. Only the endpoint given is
 subscribed, rank 0's: its index is sized as one rank's share of the blocks, and a hit it counts
@@ -27,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from taogate.control.kv_endpoints import replay_endpoint, subscriber_endpoint, tcp_parts
@@ -35,13 +37,15 @@ from taogate.fleet.instance import Instance
 from taogate.fleet.kv_index import KvIndex
 from taogate.fleet.kv_trust import Trust, trust_message
 
-__all__ = ["KvEventsSubscriber"]
+__all__ = ["AskAgain", "KvEventsSubscriber"]
 
 log = logging.getLogger("taogate.health")
 
 _END: Final = (-1).to_bytes(8, "big", signed=True)
 REPLAY_TIMEOUT: Final = 2.0  # seconds a replay socket may keep silent before an answer is given up
 REPLAY_TOTAL: Final = 10.0  # seconds a whole replay may take
+ASK_FIRST: Final = 1.0  # seconds before a replay socket that kept silent is asked again ...
+ASK_MAX: Final = 30.0  # ... doubling to this
 REPLAY_HWM: Final = 200_000  # replayed batches queued on our side (vLLM keeps 10,000 by default)
 YIELD_EVERY: Final = 256  # replayed batches applied between turns of the event loop
 LIVE_WAIT: Final = 2.0  # seconds the gateway's first traffic to an instance waits for its publisher
@@ -80,6 +84,27 @@ def _bounded(zmq: Any, sock: Any) -> Any:
     return sock
 
 
+@dataclass(slots=True)
+class AskAgain:
+    """When a replay socket that kept silent is asked for every batch again, and how long it may
+    then keep silent: ``ASK_FIRST`` s later, doubling to ``ASK_MAX``; its patience doubles from
+    ``REPLAY_TIMEOUT`` to ``REPLAY_TOTAL``. ``at`` is infinite while nothing is to be asked."""
+
+    at: float = math.inf
+    wait: float = ASK_FIRST
+    patience: float = REPLAY_TIMEOUT
+    silences: int = 0
+
+    def silent(self, now: float) -> None:
+        self.silences += 1
+        self.at = now + self.wait
+        self.wait = min(2 * self.wait, ASK_MAX)
+        self.patience = min(2 * self.patience, REPLAY_TOTAL)
+
+    def answered(self) -> None:
+        self.at, self.wait, self.patience, self.silences = math.inf, ASK_FIRST, REPLAY_TIMEOUT, 0
+
+
 def _where(inst: Instance) -> tuple[str | None, ...]:
     """What a subscription is made from: another value needs another one."""
     return inst.spec.kv_events, inst.spec.kv_events_replay, inst.spec.url
@@ -110,6 +135,7 @@ class KvEventsSubscriber:
         self._tasks: dict[str, tuple[tuple[str | None, ...], Instance, asyncio.Task[None]]] = {}
         self._live: dict[str, asyncio.Event] = {}  # set once the instance's publisher is connected
         self._said: dict[str, Trust] = {}  # the trust last said per instance
+        self._asks: dict[str, AskAgain] = {}  # per subscribed instance: its silent replay socket
         self._told: set[tuple[str, str]] = set()  # (instance, what): said once
 
     def _once(self, name: str, what: str, level: int, msg: str, *args: object) -> None:
@@ -196,12 +222,14 @@ class KvEventsSubscriber:
             if not await self._peer(zmq, monitor):
                 index.note(f"no publisher connected to {endpoint} within {LIVE_WAIT:g} s")
             live.set()
+            self._asks[inst.name] = AskAgain()
             if inst.spec.kv_events_replay:
-                await self._catch_up(inst, index)
+                await self._ask_whole(inst, index)
             self._say(inst, index)
             await self._listen(inst, index, sock)
         finally:
             live.set()
+            self._asks.pop(inst.name, None)
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
             monitor.close()
@@ -225,16 +253,26 @@ class KvEventsSubscriber:
     async def _listen(self, inst: Instance, index: KvIndex, sock: Any) -> None:
         epoch, since = index.epoch, self._clock()
         idle, scraped = IDLE_CHECK, inst.engine_at
+        ask = self._asks[inst.name]
         while True:
             frames: list[bytes] | None = None
-            if index.trusted or not index.tracking:
+            # Untrusted: look at the engine's counters now and then, and ask a silent replay again.
+            wait = math.inf if index.trusted or not index.tracking else idle
+            if not index.trusted:
+                wait = min(wait, max(0.0, ask.at - self._clock()))
+            if wait == math.inf:
                 frames = await sock.recv_multipart()
-            else:  # look at the engine's counters now and then, batches or not
+            else:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(idle):
+                    async with asyncio.timeout(wait):
                         frames = await sock.recv_multipart()
             if frames is not None and len(frames) == 3:
                 await self._batch(inst, index, int.from_bytes(frames[1], "big"), frames[2])
+            if index.trusted:
+                ask.answered()
+            elif ask.at <= self._clock():
+                await self._ask_whole(inst, index)
+                self._say(inst, index)
             if index.epoch != epoch:
                 epoch, since = index.epoch, self._clock()
             if not index.trusted and index.tracking:
@@ -304,7 +342,7 @@ class KvEventsSubscriber:
         replay = inst.spec.kv_events_replay
         if outcome == "restart" and not index.trusted and replay:  # its first batches were missed
             index.start_over("restart_missed", index.trust.detail)
-            if not await self._catch_up(inst, index):
+            if not await self._ask_whole(inst, index):
                 index.apply(seq, events, ts)
             return
         if outcome != "gap":
@@ -316,8 +354,11 @@ class KvEventsSubscriber:
         index.start_over("gap", f"batches {missing}..{seq - 1} lost ({why})")
         index.apply(seq, events, ts)
 
-    async def _fetch(self, inst: Instance, start: int) -> list[tuple[int, bytes]] | None:
-        """Every batch the engine still buffers from ``start`` on, in order (None: no answer)."""
+    async def _fetch(
+        self, inst: Instance, start: int, patience: float = REPLAY_TIMEOUT
+    ) -> list[tuple[int, bytes]] | None:
+        """Every batch the engine still buffers from ``start`` on, in order (None: no answer, or
+        silent for ``patience`` s between frames)."""
         zmq = importlib.import_module("zmq")
         context = importlib.import_module("zmq.asyncio").Context.instance()
         dealer = _bounded(zmq, context.socket(zmq.DEALER))
@@ -328,7 +369,7 @@ class KvEventsSubscriber:
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
             async with asyncio.timeout(REPLAY_TOTAL):
                 while True:
-                    async with asyncio.timeout(REPLAY_TIMEOUT):
+                    async with asyncio.timeout(patience):
                         frames = await dealer.recv_multipart()
                     if len(frames) != 4 or frames[2] == _END:
                         return got
@@ -355,14 +396,36 @@ class KvEventsSubscriber:
         index.replayed()
         return True
 
-    async def _catch_up(self, inst: Instance, index: KvIndex) -> bool:
+    async def _ask_whole(self, inst: Instance, index: KvIndex) -> bool:
+        """``_catch_up``, and when the replay socket keeps silent, when to ask it again."""
+        ask = self._asks.get(inst.name) or AskAgain()
+        if await self._catch_up(inst, index, ask.patience):
+            if ask.silences:
+                log.info("instance %s: its replay socket answered on ask %d", inst.name, ask.silences + 1)
+            ask.answered()
+            return True
+        ask.silent(self._clock())
+        if ask.silences == 1:
+            log.warning(
+                "instance %s: its replay socket %s did not answer within %g s; asking again, "
+                "at most %g s apart, until it does",
+                inst.name,
+                replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url),
+                REPLAY_TIMEOUT,
+                ASK_MAX,
+            )
+        return False
+
+    async def _catch_up(self, inst: Instance, index: KvIndex, patience: float = REPLAY_TIMEOUT) -> bool:
         """Ask for every batch from the engine's start: whole at once if it still has them all.
         False when the replay socket did not answer."""
-        got = await self._fetch(inst, 0)
+        got = await self._fetch(inst, 0, patience)
         where = replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url)
         if got is None:
             index.note(f"{index.trust.detail}; its replay socket {where} did not answer")
             return False
+        if index.next_seq is not None:  # batches seen since an earlier ask: the replay has them too
+            index.start_over(index.trust.reason, index.trust.detail)
         if not got:
             index.recovered(f"its replay socket {where} holds no batch: it has published nothing yet")
             return True
