@@ -415,3 +415,29 @@ def test_one_stalled_first_answer_does_not_make_a_newcomer_look_slow() -> None:
     for _ in range(3):
         est.observe_first_token("new", ttft=0.2, ahead_tokens=0, uncached_tokens=8, exact=True)
     assert est.params("new")[1] > 0.1  # three samples say it: its fixed latency counts
+
+
+def test_a_restart_lets_one_measurement_replace_a_stale_estimate() -> None:
+    """A card misread four times slow: after ``restart`` one clean sample nearly sets its speed,
+    where without it the clamp and the moving average would hold it well below."""
+
+    def misread() -> SpeedEstimator:
+        est = SpeedEstimator(1000.0, weights={"a": 1.0, "b": 1.0, "c": 1.0})
+        for _ in range(6):
+            for name, speed in (("a", 1000.0), ("b", 1000.0), ("c", 250.0)):
+                est.observe_first_token(
+                    name, ttft=2048 / speed, ahead_tokens=0, uncached_tokens=2048, exact=True
+                )
+        return est
+
+    kept, fresh = misread(), misread()
+    assert kept.relative("c") == pytest.approx(fresh.relative("c"))
+    assert kept.relative("c") < 0.3
+    fresh.restart("c")
+    fresh.restart("unknown")  # nothing to restart: no error, nothing learned
+    assert "unknown" not in fresh.snapshot()
+    for est in (kept, fresh):
+        est.observe_first_token("c", ttft=2.048, ahead_tokens=0, uncached_tokens=2048, exact=True)
+    assert kept.speed("c") < 0.5 * kept.speed("a")
+    assert fresh.speed("c") == pytest.approx(fresh.speed("a"), rel=0.15)
+    assert fresh.samples("c") == 7 and fresh.evidence("c") < 1.0

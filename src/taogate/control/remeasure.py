@@ -3,8 +3,9 @@
 Dispatch sends a slow card little or nothing, so its learned speed stops moving: a card misread as
 slow (a stall during its warm-up, a neighbour since gone) would stay flagged and idle for ever. One
 flagged slow, up, with none of our requests in flight, whose speed has taken no sample for
-``[dispatch] remeasure_after`` seconds, gets the warm-up's prompts again. They teach its speed as
-any sample does, and the slow-instance detector runs on the result.
+``[dispatch] remeasure_after`` seconds, gets the warm-up's prompts again. What its speed rested on
+is that old, so their answers replace it (a card misread as slow is cleared by one re-measure), and
+the slow-instance detector runs on the result.
 """
 
 from __future__ import annotations

@@ -70,8 +70,9 @@ class Warmup:
             speed = self._speeds.speed(inst.name)
             log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, speed)
 
-    async def measure(self, inst: Instance) -> bool:
-        """The four prompts, and what they teach; False when they taught nothing (off, refused)."""
+    async def measure(self, inst: Instance, *, afresh: bool = False) -> bool:
+        """The four prompts, and what they teach; False when they taught nothing (off, refused).
+        ``afresh``: what the instance's speed rests on is stale, and their answers replace it."""
         settings = self._settings()
         tokens = settings.dispatch.warmup_tokens
         if tokens <= 0 or not inst.models:
@@ -87,6 +88,8 @@ class Warmup:
                 return False
             answers.append(got)
         small, large, small_again, large_again = answers
+        if afresh:  # only now: meanwhile dispatch priced the card as it was
+            self._speeds.restart(inst.name)
         # The fixed latency first, then the prefill after it.
         for elapsed, prompt in (min(small, small_again), min(large, large_again)):
             self._speeds.observe_first_token(

@@ -107,6 +107,15 @@ class SpeedEstimator:
         self._stale = True
         self._built = -math.inf
 
+    def restart(self, name: str) -> None:
+        """What ``name``'s speed and fixed latency rest on is stale (a card measured again after a
+        long idle spell): its next samples count as its first, from the fleet's scale. Its decode
+        pace, cache share and the spread of its samples are kept."""
+        state = self._states.get(name)
+        if state is not None:
+            state.evidence, state.base_n = 0.0, 0
+            self._stale = True
+
     def _fresh(self, lag_ok: bool = False) -> None:
         if self._stale and (
             not lag_ok or self._rebuild_every <= 0 or self._clock() - self._built >= self._rebuild_every
