@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -102,6 +103,12 @@ class Phase:
     gateway_cpu: float | None = None
     emulator_cpu: float = 0.0
     client_cpu: float = 0.0
+
+    @property
+    def others_cpu_us(self) -> float:
+        """The emulators' and the load client's CPU per request, µs: what serving the requests cost
+        besides the router (its replies' size, its connections, its pace shape them)."""
+        return (self.emulator_cpu + self.client_cpu) / max(1, self.requests) * 1e6
 
     @property
     def rps(self) -> float:
@@ -223,6 +230,8 @@ class Round:
             "emulator_cpu_us_per_request_gateway": g.emulator_cpu / g.requests * 1e6,
             "client_cpu_us_per_request_direct": d.client_cpu / d.requests * 1e6,
             "client_cpu_us_per_request_gateway": g.client_cpu / g.requests * 1e6,
+            "direct_others_cpu_us_per_request": d.others_cpu_us,
+            "others_cpu_us_per_request": g.others_cpu_us,
             "stream_direct_p50_ms": sd.pct(0.5) * 1e3,
             "stream_gateway_p50_ms": sg.pct(0.5) * 1e3,
             "stream_direct_p99_ms": sd.pct(0.99) * 1e3,
@@ -246,6 +255,7 @@ class Round:
             f["gateway_info_rps"] = gi.rps
             f["logging_cost_us_per_request"] = f["gateway_info_cpu_us_per_request"] - per_req * 1e6
             f["gateway_info_added_p50_ms"] = (gi.pct(0.5) - d.pct(0.5)) * 1e3
+            f["gateway_info_others_cpu_us_per_request"] = gi.others_cpu_us
         shipped = f.get("gateway_info_cpu_us_per_request", per_req * 1e6)  # the default config's
         for client, ref in self.references.items():
             assert ref.gateway_cpu is not None
@@ -253,34 +263,30 @@ class Round:
             f[f"ref_{client}_cpu_us_per_request"] = ref_cpu
             f[f"ref_{client}_vs_then"] = ref_cpu / REFERENCE_CPU_US[client]
             f[f"ref_{client}_added_p50_ms"] = (ref.pct(0.5) - d.pct(0.5)) * 1e3
+            f[f"ref_{client}_others_cpu_us_per_request"] = ref.others_cpu_us
             f[f"cpu_ratio_to_{client}"] = shipped / ref_cpu
         return f
 
 
 def summary(med: dict[str, float]) -> None:
-    """The side-by-side table: each router's CPU per tiny request and added p50 over direct."""
+    """The side-by-side table: each router's CPU per tiny request, the emulators' and load client's
+    beside it (the rest of the two cores the closed loop shares), and added p50 over direct."""
     rows = [
-        (
-            "taogate, default config (log info)",
-            "gateway_info_cpu_us_per_request",
-            "gateway_info_added_p50_ms",
-        ),
-        ("taogate, log warning (no access log)", "gateway_cpu_us_per_request", "added_p50_ms"),
-        *(
-            (
-                f"{_label(client)} (reference)",
-                f"ref_{client}_cpu_us_per_request",
-                f"ref_{client}_added_p50_ms",
-            )
-            for client in REFERENCE_CPU_US
-        ),
+        ("taogate, default config (log info)", "gateway_info_"),
+        ("taogate, log warning (no access log)", ""),
+        *((f"{_label(client)} (reference)", f"ref_{client}_") for client in REFERENCE_CPU_US),
     ]
-    print("| router | CPU per request | added p50 over direct |")
-    print("|---|---|---|")
-    for label, cpu, added in rows:
+    print("| router | CPU per request | emulators + client CPU per request | added p50 over direct |")
+    print("|---|---|---|---|")
+    for label, key in rows:
+        cpu = f"{key}cpu_us_per_request" if key else "gateway_cpu_us_per_request"
         if cpu in med:
-            print(f"| {label} | {med[cpu]:,.0f} µs | {med[added]:.2f} ms |")
-    print(f"| direct (4 emulators) | - | p50 {med['direct_p50_ms']:.2f} ms |")
+            others = med.get(f"{key}others_cpu_us_per_request", math.nan)
+            print(f"| {label} | {med[cpu]:,.0f} µs | {others:,.0f} µs | {med[f'{key}added_p50_ms']:.2f} ms |")
+    print(
+        f"| direct (4 emulators) | - | {med['direct_others_cpu_us_per_request']:,.0f} µs "
+        f"| p50 {med['direct_p50_ms']:.2f} ms |"
+    )
 
 
 def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
