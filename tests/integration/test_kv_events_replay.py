@@ -4,6 +4,7 @@ index is whole again; without a replay socket it starts over (and dispatch falls
 from __future__ import annotations
 
 import logging
+import math
 import socket
 
 import pytest
@@ -16,7 +17,7 @@ from taogate.fleet.instance import Instance, InstanceSpec
 from tests.conftest import wait_until
 
 pytest.importorskip("zmq")
-from taogate.control.kv_events import KvEventsSubscriber
+from taogate.control.kv_events import AskAgain, KvEventsSubscriber
 
 TOKENS = list(range(64))
 HASHES = block_hashes(TOKENS, 16)
@@ -135,16 +136,20 @@ async def test_a_replay_socket_silent_at_first_is_asked_again_until_it_answers(
     try:
         publisher.publish(batches[0])  # before the gateway subscribed
         subscriber.sync()
-        await wait_until(lambda: _said(caplog, "did not answer within"), within=10, what="a silent replay")
+        await wait_until(
+            lambda: bool(_said(caplog, "did not answer within")), within=10, what="a silent replay"
+        )
         for events in batches[1:]:
             publisher.publish(events)
         index = inst.cache.index
         assert index is not None
         await wait_until(lambda: index.next_seq == 4, what="the live batches")
-        assert not index.trusted and index.trust.reason == "missed_start"
+        before = index.trust
+        assert not before.trusted and before.reason == "missed_start"
         publisher.start()  # it answers from now on
         await wait_until(lambda: index.trusted, within=10, what="asked again and whole")
-        assert index.trust.reason == "replayed" and index.cached_run(HASHES) == 4 and index.next_seq == 4
+        after = index.trust
+        assert after.reason == "replayed" and index.cached_run(HASHES) == 4 and index.next_seq == 4
         assert _said(caplog, "its replay socket answered on ask 2")
         assert len(_said(caplog, "did not answer within")) == 1
     finally:
@@ -154,3 +159,20 @@ async def test_a_replay_socket_silent_at_first_is_asked_again_until_it_answers(
 
 def _said(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+async def test_a_gap_whose_replay_keeps_silent_starts_over_and_is_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "taogate.health")
+    inst = _instance(_endpoint())  # nothing answers there
+    subscriber = KvEventsSubscriber([inst])
+    subscriber._asks[inst.name] = ask = AskAgain()  # as a running subscription has
+    index = inst.cache.enable_index()
+    payload = [kv_event_frames("", seq, 0.0, b)[2] for seq, b in enumerate(_batches())]
+    await subscriber._batch(inst, index, 0, payload[0])
+    await subscriber._batch(inst, index, 3, payload[3])
+    assert not index.trusted and index.trust.reason == "gap"
+    assert "batches 1..2 lost (the engine's replay did not answer)" in index.trust.detail
+    assert ask.silences == 1 and ask.at < math.inf  # the subscription asks for every batch later
+    assert len(_said(caplog, "did not answer within 2 s")) == 1

@@ -348,9 +348,14 @@ class KvEventsSubscriber:
         if outcome != "gap":
             return
         missing = index.next_seq
-        if replay and missing is not None and await self._replay(inst, index, missing):
+        filled = await self._replay(inst, index, missing) if replay and missing is not None else False
+        if filled:
             return
-        why = "the engine's replay no longer has them" if replay else "kv_events_replay is not set"
+        if filled is None:
+            self._silent(inst, REPLAY_TIMEOUT)
+            why = "the engine's replay did not answer"
+        else:
+            why = "the engine's replay no longer has them" if replay else "kv_events_replay is not set"
         index.start_over("gap", f"batches {missing}..{seq - 1} lost ({why})")
         index.apply(seq, events, ts)
 
@@ -379,11 +384,14 @@ class KvEventsSubscriber:
         finally:
             dealer.close()
 
-    async def _replay(self, inst: Instance, index: KvIndex, start: int) -> bool:
-        """Ask the engine for every batch from ``start``; True when they filled the gap."""
+    async def _replay(self, inst: Instance, index: KvIndex, start: int) -> bool | None:
+        """Ask the engine for every batch from ``start``; True when they filled the gap, None when
+        it did not answer."""
         got = await self._fetch(inst, start)
+        if got is None:
+            return None
         if not got or got[0][0] != start:
-            return False  # no answer, or the engine no longer has them
+            return False  # the engine no longer has them
         try:
             for n, (seq, payload) in enumerate(got, 1):
                 ts, events = _decode(payload)
@@ -399,11 +407,21 @@ class KvEventsSubscriber:
     async def _ask_whole(self, inst: Instance, index: KvIndex) -> bool:
         """``_catch_up``, and when the replay socket keeps silent, when to ask it again."""
         ask = self._asks.get(inst.name) or AskAgain()
-        if await self._catch_up(inst, index, ask.patience):
+        patience = ask.patience
+        if await self._catch_up(inst, index, patience):
             if ask.silences:
                 log.info("instance %s: its replay socket answered on ask %d", inst.name, ask.silences + 1)
             ask.answered()
             return True
+        self._silent(inst, patience)
+        return False
+
+    def _silent(self, inst: Instance, patience: float) -> None:
+        """The replay socket kept silent for ``patience`` s: it is asked for every batch again later
+        (said once, until it answers)."""
+        ask = self._asks.get(inst.name)
+        if ask is None:  # no subscription running
+            return
         ask.silent(self._clock())
         if ask.silences == 1:
             log.warning(
@@ -411,10 +429,9 @@ class KvEventsSubscriber:
                 "at most %g s apart, until it does",
                 inst.name,
                 replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url),
-                REPLAY_TIMEOUT,
+                patience,
                 ASK_MAX,
             )
-        return False
 
     async def _catch_up(self, inst: Instance, index: KvIndex, patience: float = REPLAY_TIMEOUT) -> bool:
         """Ask for every batch from the engine's start: whole at once if it still has them all.
