@@ -17,7 +17,7 @@ from taogate.fleet.instance import Instance, InstanceSpec
 from tests.conftest import wait_until
 
 pytest.importorskip("zmq")
-from taogate.control.kv_events import AskAgain, KvEventsSubscriber
+from taogate.control.kv_events import KvEventsSubscriber
 
 TOKENS = list(range(64))
 HASHES = block_hashes(TOKENS, 16)
@@ -86,7 +86,7 @@ async def test_at_start_everything_from_seq_0_is_asked_for(buffer_steps: int) ->
         for events in _batches():
             publisher.publish(events)
         index = inst.cache.enable_index()
-        assert await subscriber._catch_up(inst, index)
+        assert await subscriber.replays.catch_up(inst, index)
         if buffer_steps == 10:  # it still has batch 0: whole
             assert index.trusted and index.trust.reason == "replayed" and index.next_seq == 4
             assert index.cached_run(HASHES) == 4
@@ -167,12 +167,15 @@ async def test_a_gap_whose_replay_keeps_silent_starts_over_and_is_asked_again(
     caplog.set_level(logging.INFO, "taogate.health")
     inst = _instance(_endpoint())  # nothing answers there
     subscriber = KvEventsSubscriber([inst])
-    subscriber._asks[inst.name] = ask = AskAgain()  # as a running subscription has
+    ask = subscriber.replays.begin(inst.name)  # as a running subscription does
     index = inst.cache.enable_index()
     payload = [kv_event_frames("", seq, 0.0, b)[2] for seq, b in enumerate(_batches())]
     await subscriber._batch(inst, index, 0, payload[0])
     await subscriber._batch(inst, index, 3, payload[3])
     assert not index.trusted and index.trust.reason == "gap"
-    assert "batches 1..2 lost (the engine's replay did not answer)" in index.trust.detail
+    assert (
+        "batches 1..2 lost (the engine's replay did not answer; it is asked again later)"
+        in index.trust.detail
+    )
     assert ask.silences == 1 and ask.at < math.inf  # the subscription asks for every batch later
     assert len(_said(caplog, "did not answer within 2 s")) == 1

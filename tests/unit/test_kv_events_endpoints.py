@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from taogate.control.kv_endpoints import replay_endpoint, require_precise, subscriber_endpoint
-from taogate.control.kv_events import _decode
+from taogate.control.kv_wire import decode
 from taogate.instance_settings import InstanceSettings
 from taogate.settings import ConfigError, Settings
 
@@ -43,11 +43,11 @@ def test_missing_packages_are_said_at_start(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_batch_is_bounded_and_checked() -> None:
     msgpack = pytest.importorskip("msgpack")
-    assert _decode(msgpack.packb([1.5, [{"type": "AllBlocksCleared"}], 0])) == (
+    assert decode(msgpack.packb([1.5, [{"type": "AllBlocksCleared"}], 0])) == (
         1.5,
         [{"type": "AllBlocksCleared"}],
     )
     with pytest.raises(ValueError):
-        _decode(msgpack.packb([1.5, [0] * (3 << 20), 0]))  # more entries than any engine step holds
+        decode(msgpack.packb([1.5, [0] * (3 << 20), 0]))  # more entries than any engine step holds
     with pytest.raises(ValueError):
-        _decode(msgpack.packb({"ts": 1.5}))
+        decode(msgpack.packb({"ts": 1.5}))

@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogate.control.kv_events import ASK_FIRST, ASK_MAX, REPLAY_TIMEOUT, REPLAY_TOTAL, AskAgain
+from taogate.control.kv_replay import ASK_FIRST, ASK_MAX, REPLAY_TIMEOUT, REPLAY_TOTAL, AskAgain
 
 
 def test_nothing_is_asked_until_a_silence() -> None:

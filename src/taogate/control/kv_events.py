@@ -3,9 +3,8 @@
 Where it binds or connects: ``control.kv_endpoints``. A subscription is ``live`` once the publisher
 is connected: the gateway's own first traffic (warm-up) waits for it. With ``kv_events_replay``
 the engine is then asked for every batch from 0, so an engine started first is indexed whole at
-once; later gaps are asked for the same way. A replay socket that keeps silent (an engine starved
-of CPU answers late) is asked again, less and less often, until it answers (``AskAgain``). Each
-batch (``[topic, seq, msgpack [ts, events, rank]]``) goes to the instance's ``KvIndex`` in
+once; later gaps are asked for the same way, and a silent replay socket again later
+(``control.kv_replay``). Each batch (``control.kv_wire``) goes to the instance's ``KvIndex`` in
 sequence; what it cannot prove complete waits for the proofs ``fleet.kv_index`` lists, helped by
 the engine's scraped counters. Every change of the index's trust is said in one log line
 (``fleet.kv_trust``). A subscription that ends, for any reason, takes its index with it.
@@ -28,81 +27,27 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Final
 
-from taogate.control.kv_endpoints import replay_endpoint, subscriber_endpoint, tcp_parts
+from taogate.control.kv_endpoints import subscriber_endpoint, tcp_parts
+from taogate.control.kv_replay import Replays
+from taogate.control.kv_wire import bounded, decode
 from taogate.fleet.engine import EngineSample
 from taogate.fleet.instance import Instance
 from taogate.fleet.kv_index import KvIndex
 from taogate.fleet.kv_trust import Trust, trust_message
 
-__all__ = ["AskAgain", "KvEventsSubscriber"]
+__all__ = ["KvEventsSubscriber"]
 
 log = logging.getLogger("taogate.health")
 
-_END: Final = (-1).to_bytes(8, "big", signed=True)
-REPLAY_TIMEOUT: Final = 2.0  # seconds a replay socket may keep silent before an answer is given up
-REPLAY_TOTAL: Final = 10.0  # seconds a whole replay may take
-ASK_FIRST: Final = 1.0  # seconds before a replay socket that kept silent is asked again ...
-ASK_MAX: Final = 30.0  # ... doubling to this
-REPLAY_HWM: Final = 200_000  # replayed batches queued on our side (vLLM keeps 10,000 by default)
-YIELD_EVERY: Final = 256  # replayed batches applied between turns of the event loop
 LIVE_WAIT: Final = 2.0  # seconds the gateway's first traffic to an instance waits for its publisher
 LIVE_GRACE: Final = 0.05  # after the handshake, for the subscription to reach the publisher
 IDLE_CHECK: Final = 1.0  # seconds between looks at the engine's counters while untrusted and idle
 IDLE_MAX: Final = 30.0  # ... growing to this while no new scrape comes
 COUNTER_LAG: Final = 0.5  # a scrape bounds the unseen blocks only when this much later than their start
-MAX_FRAME: Final = 16 << 20  # bytes: a batch is one engine step's events
-RECEIVE_HWM: Final = 10_000  # batches queued per socket before ZMQ drops (seen as a gap)
-# An engine step's events: a few per request scheduled, each with at most the step's token ids.
-_UNPACK_LIMITS: Final = {
-    "max_array_len": 1 << 21,
-    "max_map_len": 64,
-    "max_str_len": 1 << 16,
-    "max_bin_len": 1 << 16,
-    "max_ext_len": 1 << 10,
-}
 BIND_BACKOFF: Final = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # ZMQ releases a closed socket's port later
 _LOOPBACK: Final = ("127.", "localhost", "[::1]")
-
-
-def _decode(payload: bytes) -> tuple[float | None, list[Any]]:
-    """(ts, events) of one batch; ValueError (or msgpack's own errors) when it is not one."""
-    msgpack = importlib.import_module("msgpack")
-    batch = msgpack.unpackb(payload, raw=False, strict_map_key=False, **_UNPACK_LIMITS)
-    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-        raise ValueError("not a KV event batch [ts, events, rank]")
-    ts = batch[0]
-    return (float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None), batch[1]
-
-
-def _bounded(zmq: Any, sock: Any) -> Any:
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
-    sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-    return sock
-
-
-@dataclass(slots=True)
-class AskAgain:
-    """When a replay socket that kept silent is asked for every batch again, and how long it may
-    then keep silent: ``ASK_FIRST`` s later, doubling to ``ASK_MAX``; its patience doubles from
-    ``REPLAY_TIMEOUT`` to ``REPLAY_TOTAL``. ``at`` is infinite while nothing is to be asked."""
-
-    at: float = math.inf
-    wait: float = ASK_FIRST
-    patience: float = REPLAY_TIMEOUT
-    silences: int = 0
-
-    def silent(self, now: float) -> None:
-        self.silences += 1
-        self.at = now + self.wait
-        self.wait = min(2 * self.wait, ASK_MAX)
-        self.patience = min(2 * self.patience, REPLAY_TOTAL)
-
-    def answered(self) -> None:
-        self.at, self.wait, self.patience, self.silences = math.inf, ASK_FIRST, REPLAY_TIMEOUT, 0
 
 
 def _where(inst: Instance) -> tuple[str | None, ...]:
@@ -135,7 +80,7 @@ class KvEventsSubscriber:
         self._tasks: dict[str, tuple[tuple[str | None, ...], Instance, asyncio.Task[None]]] = {}
         self._live: dict[str, asyncio.Event] = {}  # set once the instance's publisher is connected
         self._said: dict[str, Trust] = {}  # the trust last said per instance
-        self._asks: dict[str, AskAgain] = {}  # per subscribed instance: its silent replay socket
+        self.replays = Replays(clock)  # asks of the engines' replay sockets
         self._told: set[tuple[str, str]] = set()  # (instance, what): said once
 
     def _once(self, name: str, what: str, level: int, msg: str, *args: object) -> None:
@@ -209,7 +154,7 @@ class KvEventsSubscriber:
         zmq = importlib.import_module("zmq")
         context = importlib.import_module("zmq.asyncio").Context.instance()
         connect, endpoint = subscriber_endpoint(inst.spec.kv_events or "", inst.spec.url)
-        sock = _bounded(zmq, context.socket(zmq.SUB))
+        sock = bounded(zmq, context.socket(zmq.SUB))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         index: KvIndex | None = None
@@ -222,14 +167,14 @@ class KvEventsSubscriber:
             if not await self._peer(zmq, monitor):
                 index.note(f"no publisher connected to {endpoint} within {LIVE_WAIT:g} s")
             live.set()
-            self._asks[inst.name] = AskAgain()
+            self.replays.begin(inst.name)
             if inst.spec.kv_events_replay:
-                await self._ask_whole(inst, index)
+                await self.replays.ask_whole(inst, index)
             self._say(inst, index)
             await self._listen(inst, index, sock)
         finally:
             live.set()
-            self._asks.pop(inst.name, None)
+            self.replays.end(inst.name)
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
             monitor.close()
@@ -253,13 +198,13 @@ class KvEventsSubscriber:
     async def _listen(self, inst: Instance, index: KvIndex, sock: Any) -> None:
         epoch, since = index.epoch, self._clock()
         idle, scraped = IDLE_CHECK, inst.engine_at
-        ask = self._asks[inst.name]
+        replays = self.replays
         while True:
             frames: list[bytes] | None = None
             # Untrusted: look at the engine's counters now and then, and ask a silent replay again.
             wait = math.inf if index.trusted or not index.tracking else idle
             if not index.trusted:
-                wait = min(wait, max(0.0, ask.at - self._clock()))
+                wait = min(wait, replays.due(inst.name))
             if wait == math.inf:
                 frames = await sock.recv_multipart()
             else:
@@ -269,9 +214,9 @@ class KvEventsSubscriber:
             if frames is not None and len(frames) == 3:
                 await self._batch(inst, index, int.from_bytes(frames[1], "big"), frames[2])
             if index.trusted:
-                ask.answered()
-            elif ask.at <= self._clock():
-                await self._ask_whole(inst, index)
+                replays.needless(inst.name)
+            elif replays.due(inst.name) == 0:
+                await replays.ask_whole(inst, index)
                 self._say(inst, index)
             if index.epoch != epoch:
                 epoch, since = index.epoch, self._clock()
@@ -334,7 +279,7 @@ class KvEventsSubscriber:
 
     async def _one(self, inst: Instance, index: KvIndex, seq: int, payload: bytes) -> None:
         try:
-            ts, events = _decode(payload)
+            ts, events = decode(payload)
             outcome = index.apply(seq, events, ts)
         except Exception as exc:  # not a batch we can read: what it changed is unknown
             index.start_over("unreadable", f"batch {seq} could not be read ({exc!r})")
@@ -342,128 +287,23 @@ class KvEventsSubscriber:
         replay = inst.spec.kv_events_replay
         if outcome == "restart" and not index.trusted and replay:  # its first batches were missed
             index.start_over("restart_missed", index.trust.detail)
-            if not await self._ask_whole(inst, index):
+            if not await self.replays.ask_whole(inst, index):
                 index.apply(seq, events, ts)
             return
         if outcome != "gap":
             return
         missing = index.next_seq
-        filled = await self._replay(inst, index, missing) if replay and missing is not None else False
+        filled: bool | None = False
+        if replay and missing is not None:
+            filled = await self.replays.fill_gap(inst, index, missing)
         if filled:
             return
         if filled is None:
-            self._silent(inst, REPLAY_TIMEOUT)
-            why = "the engine's replay did not answer"
+            why = "the engine's replay did not answer; it is asked again later"
         else:
             why = "the engine's replay no longer has them" if replay else "kv_events_replay is not set"
         index.start_over("gap", f"batches {missing}..{seq - 1} lost ({why})")
         index.apply(seq, events, ts)
-
-    async def _fetch(
-        self, inst: Instance, start: int, patience: float = REPLAY_TIMEOUT
-    ) -> list[tuple[int, bytes]] | None:
-        """Every batch the engine still buffers from ``start`` on, in order (None: no answer, or
-        silent for ``patience`` s between frames)."""
-        zmq = importlib.import_module("zmq")
-        context = importlib.import_module("zmq.asyncio").Context.instance()
-        dealer = _bounded(zmq, context.socket(zmq.DEALER))
-        dealer.setsockopt(zmq.RCVHWM, REPLAY_HWM)  # vLLM sends its whole buffer at once
-        got: list[tuple[int, bytes]] = []
-        try:
-            dealer.connect(replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url))
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            async with asyncio.timeout(REPLAY_TOTAL):
-                while True:
-                    async with asyncio.timeout(patience):
-                        frames = await dealer.recv_multipart()
-                    if len(frames) != 4 or frames[2] == _END:
-                        return got
-                    got.append((int.from_bytes(frames[2], "big"), frames[3]))
-        except (TimeoutError, zmq.ZMQError):
-            return None
-        finally:
-            dealer.close()
-
-    async def _replay(self, inst: Instance, index: KvIndex, start: int) -> bool | None:
-        """Ask the engine for every batch from ``start``; True when they filled the gap, None when
-        it did not answer."""
-        got = await self._fetch(inst, start)
-        if got is None:
-            return None
-        if not got or got[0][0] != start:
-            return False  # the engine no longer has them
-        try:
-            for n, (seq, payload) in enumerate(got, 1):
-                ts, events = _decode(payload)
-                if index.apply(seq, events, ts) == "gap":
-                    return False
-                if n % YIELD_EVERY == 0:  # thousands of batches: requests go on meanwhile
-                    await asyncio.sleep(0)
-        except Exception:  # an unreadable batch: the caller starts over
-            return False
-        index.replayed()
-        return True
-
-    async def _ask_whole(self, inst: Instance, index: KvIndex) -> bool:
-        """``_catch_up``, and when the replay socket keeps silent, when to ask it again."""
-        ask = self._asks.get(inst.name) or AskAgain()
-        patience = ask.patience
-        if await self._catch_up(inst, index, patience):
-            if ask.silences:
-                log.info("instance %s: its replay socket answered on ask %d", inst.name, ask.silences + 1)
-            ask.answered()
-            return True
-        self._silent(inst, patience)
-        return False
-
-    def _silent(self, inst: Instance, patience: float) -> None:
-        """The replay socket kept silent for ``patience`` s: it is asked for every batch again later
-        (said once, until it answers)."""
-        ask = self._asks.get(inst.name)
-        if ask is None:  # no subscription running
-            return
-        ask.silent(self._clock())
-        if ask.silences == 1:
-            log.warning(
-                "instance %s: its replay socket %s did not answer within %g s; asking again, "
-                "at most %g s apart, until it does",
-                inst.name,
-                replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url),
-                patience,
-                ASK_MAX,
-            )
-
-    async def _catch_up(self, inst: Instance, index: KvIndex, patience: float = REPLAY_TIMEOUT) -> bool:
-        """Ask for every batch from the engine's start: whole at once if it still has them all.
-        False when the replay socket did not answer."""
-        got = await self._fetch(inst, 0, patience)
-        where = replay_endpoint(inst.spec.kv_events_replay or "", inst.spec.url)
-        if got is None:
-            index.note(f"{index.trust.detail}; its replay socket {where} did not answer")
-            return False
-        if index.next_seq is not None:  # batches seen since an earlier ask: the replay has them too
-            index.start_over(index.trust.reason, index.trust.detail)
-        if not got:
-            index.recovered(f"its replay socket {where} holds no batch: it has published nothing yet")
-            return True
-        first = got[0][0]
-        try:
-            for n, (seq, payload) in enumerate(got, 1):
-                ts, events = _decode(payload)
-                if index.apply(seq, events, ts) == "gap":
-                    missing = index.next_seq
-                    index.start_over("missed_start", f"its replay skipped batches {missing}..{seq - 1}")
-                    index.apply(seq, events, ts)
-                if n % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-        except Exception as exc:
-            index.start_over("unreadable", f"a replayed batch could not be read ({exc!r})")
-            return True
-        if first == 0 and index.trust.reason == "from_start":
-            index.recovered(f"its replay socket resent batches 0..{got[-1][0]}")
-        elif first > 0 and not index.trusted:
-            index.note(f"its replay buffer begins at seq {first}: the batches before are gone (buffer_steps)")
-        return True
 
     def __len__(self) -> int:
         return len(self._tasks)
