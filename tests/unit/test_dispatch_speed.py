@@ -433,8 +433,10 @@ def test_a_restart_lets_one_measurement_replace_a_stale_estimate() -> None:
     kept, fresh = misread(), misread()
     assert kept.relative("c") == pytest.approx(fresh.relative("c"))
     assert kept.relative("c") < 0.3
-    fresh.restart("c")
-    fresh.restart("unknown")  # nothing to restart: no error, nothing learned
+    fresh.restart("c", 100)  # a prompt too small to teach a speed replaces nothing
+    assert fresh.evidence("c") == kept.evidence("c")
+    fresh.restart("c", 2048)
+    fresh.restart("unknown", 2048)  # nothing to restart: no error, nothing learned
     assert "unknown" not in fresh.snapshot()
     for est in (kept, fresh):
         est.observe_first_token("c", ttft=2.048, ahead_tokens=0, uncached_tokens=2048, exact=True)

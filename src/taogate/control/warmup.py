@@ -89,7 +89,7 @@ class Warmup:
             answers.append(got)
         small, large, small_again, large_again = answers
         if afresh:  # only now: meanwhile dispatch priced the card as it was
-            self._speeds.restart(inst.name)
+            self._speeds.restart(inst.name, large[1])
         # The fixed latency first, then the prefill after it.
         for elapsed, prompt in (min(small, small_again), min(large, large_again)):
             self._speeds.observe_first_token(

@@ -107,12 +107,13 @@ class SpeedEstimator:
         self._stale = True
         self._built = -math.inf
 
-    def restart(self, name: str) -> None:
+    def restart(self, name: str, prompt_tokens: float) -> None:
         """What ``name``'s speed and fixed latency rest on is stale (a card measured again after a
-        long idle spell): its next samples count as its first, from the fleet's scale. Its decode
-        pace, cache share and the spread of its samples are kept."""
+        long idle spell) and a measurement of ``prompt_tokens`` is to replace it: its next samples
+        count as its first, from the fleet's scale. Not for a prompt under ``small_tokens``, which
+        teaches no speed. Its decode pace, cache share and the spread of its samples are kept."""
         state = self._states.get(name)
-        if state is not None:
+        if state is not None and prompt_tokens >= self._small:
             state.evidence, state.base_n = 0.0, 0
             self._stale = True
 
