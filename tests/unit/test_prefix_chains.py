@@ -50,7 +50,7 @@ def test_an_instance_holds_the_documents_sent_to_it() -> None:
     sent = SentChains()
     a, b = chain(HEADER + "A" * 6000), chain(HEADER + "B" * 6000)
     assert sent.run(a.hashes) == 0
-    sent.add(a.hashes)
+    sent.add(a.hashes, 256)
     assert sent.run(a.hashes) == len(a.hashes)
     assert sent.run(chain(HEADER + "A" * 6000 + "question").hashes) == len(a.hashes)
     assert sent.run(b.hashes) == 1  # the header's second whole block only: the third holds its end
@@ -58,28 +58,36 @@ def test_an_instance_holds_the_documents_sent_to_it() -> None:
 
 
 def test_tails_go_first_so_a_held_hash_keeps_its_prefix() -> None:
-    sent = SentChains(capacity=4)
+    sent = SentChains(capacity=4 * 256)
     a = chain(DOC)  # 9 hashes
-    sent.add(a.hashes)
-    assert len(sent) == 4
+    sent.add(a.hashes, 256)
+    assert len(sent) == 4 and sent.tokens == 4 * 256
     assert sent.run(a.hashes) == 4  # the four leading ones, the tail evicted
-    sent.resize(2)
-    assert sent.run(a.hashes) == 2
+    sent.resize(2 * 256)
+    assert sent.run(a.hashes) == 2 and sent.tokens == 2 * 256
+    sent.add(chain(HEADER + "B" * 6000).hashes, 1024)  # denser text: a block is a whole 1,024 tokens
+    assert sent.tokens <= 2 * 256 and sent.run(a.hashes) == 0
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    docs=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8)), min_size=1, max_size=12),
+    docs=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 8), st.integers(1, 4)), min_size=1, max_size=12
+    ),
     capacity=st.integers(1, 20),
 )
-def test_what_is_held_is_always_a_prefix_of_each_chain(docs: list[tuple[int, int]], capacity: int) -> None:
-    """Chains sharing prefixes of several lengths, added in any order under any bound: ``run``'s
-    binary search equals counting the held leading hashes one by one."""
+def test_what_is_held_is_always_a_prefix_of_each_chain(
+    docs: list[tuple[int, int, int]], capacity: int
+) -> None:
+    """Chains sharing prefixes of several lengths, their blocks of several sizes, added in any
+    order under any bound: ``run``'s binary search equals counting the held leading hashes one by
+    one, and what is held stays within the bound."""
     sent = SentChains(capacity=capacity)
-    chains = [tuple(range(doc * 100, doc * 100 + n)) for doc, n in docs]
-    for c in chains:
-        sent.add(c)
-        for other in chains:
+    chains = [(tuple(range(doc * 100, doc * 100 + n)), size) for doc, n, size in docs]
+    for c, size in chains:
+        sent.add(c, size)
+        assert sent.tokens <= capacity
+        for other, _ in chains:
             held = 0
             while held < len(other) and sent.run(other[: held + 1]) == held + 1:
                 held += 1

@@ -53,12 +53,15 @@ class PromptBlocks(Protocol):
 
 
 class PrefixChain(Protocol):
-    """A plain prompt's whole blocks after its key's, each hashed on all before it, and the tokens
-    its key's block and the next ``blocks`` come to (``dispatch.prefix_chains``)."""
+    """A plain prompt's whole blocks after its key's, each hashed on all before it, the tokens its
+    key's block and the next ``blocks`` come to, and what one block takes of a cache
+    (``dispatch.prefix_chains``)."""
 
     hashes: Sequence[int]
 
     def tokens(self, blocks: int) -> int: ...
+
+    def block_tokens(self, prompt_tokens: int) -> int: ...
 
 
 class CacheView(Protocol):

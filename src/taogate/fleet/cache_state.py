@@ -24,7 +24,7 @@ hit counter between scrapes, and each answer's ``cached_tokens``.
 from __future__ import annotations
 
 from taogate.dispatch.cache_model import PrefixCacheModel, Ticket
-from taogate.dispatch.prefix_chains import CHAIN_BLOCK_TOKENS, SentChains
+from taogate.dispatch.prefix_chains import SentChains
 from taogate.dispatch.types import RequestFacts
 from taogate.fleet.engine import CacheConfig
 from taogate.fleet.kv_index import KvIndex
@@ -95,7 +95,7 @@ class InstanceCache:
         self.config = config
         self.caching = config.prefix_caching
         self.model.configure(config.usable_blocks, config.block_size)
-        self.chains.resize(config.usable_blocks * config.block_size // CHAIN_BLOCK_TOKENS)
+        self.chains.resize(config.usable_blocks * config.block_size)
         if self.index is not None:
             self._configure_index(self.index, config)
 
@@ -127,7 +127,7 @@ class InstanceCache:
         if chain is None:
             return self.model.dispatched(key, req.prefix_tokens, req.prompt_tokens, out)
         prefix = self._prefix(req)  # as ``hit`` priced it: the model learns from that prediction
-        self.chains.add(chain.hashes)
+        self.chains.add(chain.hashes, chain.block_tokens(req.prompt_tokens))
         return self.model.dispatched(key, prefix, req.prompt_tokens, out)
 
     def _prefix(self, req: RequestFacts) -> int:
