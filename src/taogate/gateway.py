@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from taogate import h1
 from taogate.control.discovery import Discovery, Resolver, discovered_specs, system_resolver
-from taogate.control.http import control_client, control_timeouts
+from taogate.control.http import Fetcher, control_client, control_timeouts, fetch_limits
 from taogate.control.kv_endpoints import require_precise
 from taogate.control.kv_events import KvEventsSubscriber
 from taogate.control.loops import Background
@@ -76,6 +76,7 @@ class Parts:
     rules: QueueRules  # the dispatch policy and the queue's bounds
     hop: h1.Limits  # the proxied hop's timeouts and bounds
     control: httpx.Timeout  # the control plane's timeouts
+    fetch: h1.Limits  # the engine scrapes' connect timeout and reply-head bounds
     pipeline: Pipeline  # keys, intake, accounting, retry budget: the requests from now on
 
 
@@ -101,7 +102,7 @@ class Gateway:
         # What outlives a config (a reload carries each into the new parts by name): learned speeds
         # and characters per token, the instances (leases in flight, KV-event indexes, breakers,
         # cache models and the prompt chains sent to each), the wait queue, the pool's
-        # connections, the control plane's client, the response ids clients chose, the requests in
+        # connections, the control plane's clients, the response ids clients chose, the requests in
         # flight, the metrics, history and discovery.
         keys = self._keys(settings)
         # Learned speeds are rebuilt at most every 5 ms: at high request rates, once per response
@@ -143,7 +144,8 @@ class Gateway:
             clock=clock,
         )
         self.upstream = Upstream(settings.gateway)
-        self.client = control_client(settings.gateway)  # probes, scrapes, warm-up, admin calls
+        self.client = control_client(settings.gateway)  # probes, warm-up, admin calls
+        self.fetcher = Fetcher(settings.gateway)  # engine scrapes
         self.dropped = DroppedResponses()  # hides the server's complaint about our deliberate drops
         self.responses = ResponseIds(clock)
         self.inflight = InFlight()
@@ -161,7 +163,7 @@ class Gateway:
         self.remeasure = Remeasure(
             self.fleet, functools.partial(warm_up.measure, afresh=True), current, self.events, clock=clock
         )
-        self.scraper = Scraper(self.fleet, self.client, current, self.events, clock)
+        self.scraper = Scraper(self.fleet, self.fetcher, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()
         self._background = Background()
@@ -240,6 +242,7 @@ class Gateway:
         await self.scraper.aclose()
         await self.kv_events.stop()
         await self.client.aclose()
+        await self.fetcher.aclose()
         await self.upstream.aclose()
         await self.limiter.aclose()
         logging.getLogger(SERVER_LOGGER).removeFilter(self.dropped)
@@ -335,6 +338,7 @@ class Gateway:
             QueueRules(policy, d.queue_size, d.queue_timeout, d.oldest_every),
             hop_limits(g),
             control_timeouts(g),
+            fetch_limits(g),
             pipeline,
         )
 
@@ -349,6 +353,7 @@ class Gateway:
         self.dispatcher.rules = parts.rules
         self.upstream.limits = parts.hop
         self.client.timeout = parts.control
+        self.fetcher.limits = parts.fetch
         return self.fleet.apply(parts.settings, parts.specs)
 
     def _specs(self, settings: Settings, discovered: list[InstanceSpec] | None = None) -> list[InstanceSpec]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Final
 
-import httpx
-
+from taogate import h1
+from taogate.control.http import Fetcher
 from taogate.fleet.engine import ScrapeError, engine_window, is_stale, parse_vllm_metrics, stale_after
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet
@@ -29,20 +30,22 @@ __all__ = ["Scraper"]
 log = logging.getLogger("taogate.health")
 
 #: A scrape may take this long before it is given up (vLLM has been seen to need several seconds).
-SCRAPE_LIMIT = 10.0
+SCRAPE_LIMIT: Final = 10.0
+#: The largest /metrics read (vLLM's is tens of KB; labels by the hundred, LoRA adapters, make more).
+METRICS_LIMIT: Final = 32 << 20
 
 
 class Scraper:
     def __init__(
         self,
         fleet: Fleet,
-        client: httpx.AsyncClient,
+        fetcher: Fetcher,
         settings: Callable[[], Settings],
         events: FleetEvents,
         clock: Callable[[], float],
     ) -> None:
         self._fleet = fleet
-        self._client = client
+        self._fetcher = fetcher
         self._settings = settings
         self._events = events
         self._clock = clock
@@ -83,20 +86,22 @@ class Scraper:
         error = ""
         began = self._clock()
         inst.scrape_began = began
+        key = inst.spec.api_key
+        headers = [(b"authorization", b"Bearer " + key.encode())] if key else []
         try:
-            async with asyncio.timeout(2 * timeout):
-                r = await self._client.get(
-                    inst.spec.url + "/metrics", timeout=timeout, headers=inst.auth_headers
+            async with asyncio.timeout(2 * timeout):  # its connect and its head; the body within one
+                status, body = await self._fetcher.get(
+                    inst.spec.url, b"/metrics", headers, limit=METRICS_LIMIT, within=timeout
                 )
-            if r.status_code == 200:
+            if status == 200:
                 self._took(inst, self._clock() - began, settings.scrape_interval)
-                self._record(inst, r.text)
+                self._record(inst, body.decode("utf-8", "replace"))
                 return
-            error = f"/metrics answered {r.status_code}"
-        except (httpx.HTTPError, OSError, TimeoutError) as exc:
-            error = f"/metrics failed: {type(exc).__name__}"
+            error = f"/metrics answered {status}"
         except ScrapeError as unreadable:
             error = f"/metrics unreadable: {unreadable}"
+        except (h1.H1Error, OSError, TimeoutError, ValueError) as exc:  # ValueError: a URL h1 refuses
+            error = f"/metrics failed: {type(exc).__name__}"
         finally:
             inst.scrape_began = None
         if inst.scrape_ok:
