@@ -150,7 +150,8 @@ async def test_a_replay_socket_silent_at_first_is_asked_again_until_it_answers(
         await wait_until(lambda: index.trusted, within=10, what="asked again and whole")
         after = index.trust
         assert after.reason == "replayed" and index.cached_run(HASHES) == 4 and index.next_seq == 4
-        assert _said(caplog, "its replay socket answered on ask 2")
+        # Said once, whatever the asks it took (on a slow machine the next may come before the start).
+        assert _said(caplog, "its replay socket answered on ask ")
         assert len(_said(caplog, "did not answer within")) == 1
     finally:
         await subscriber.stop()
