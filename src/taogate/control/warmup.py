@@ -88,10 +88,11 @@ class Warmup:
                 return False
             answers.append(got)
         small, large, small_again, large_again = answers
+        fixed, prefill = min(small, small_again), min(large, large_again)
         if afresh:  # only now: meanwhile dispatch priced the card as it was
-            self._speeds.restart(inst.name, large[1])
+            self._speeds.restart(inst.name, prefill[1])
         # The fixed latency first, then the prefill after it.
-        for elapsed, prompt in (min(small, small_again), min(large, large_again)):
+        for elapsed, prompt in (fixed, prefill):
             self._speeds.observe_first_token(
                 inst.name,
                 ttft=elapsed,
