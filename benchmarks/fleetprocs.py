@@ -32,7 +32,7 @@ def write_config(
     urls: list[str],
     log_level: str,
     extra: str = "",
-    max_connections: int = 64,
+    max_connections: int | None = None,
     instance_extra: Sequence[str] = (),
 ) -> None:
     """A gateway config.toml for ``urls``; ``extra`` is appended (e.g. a [dispatch] table), and
@@ -46,8 +46,10 @@ def write_config(
         'base_url = "http://127.0.0.1:8080"\n'
         'api_key_env = "TAOTOKEN_API_KEY"\n'
         "request_timeout = 120\n"
-        f"max_connections = {max_connections}\n"
-        f'log_level = "{log_level}"\n' + extra + instances
+        + (f"max_connections = {max_connections}\n" if max_connections else "")
+        + f'log_level = "{log_level}"\n'
+        + extra
+        + instances
     )
 
 
@@ -57,7 +59,7 @@ def gateway(
     log_level: str,
     api_key: str,
     extra: str = "",
-    max_connections: int = 64,
+    max_connections: int | None = None,
     instance_extra: Sequence[str] = (),
     wrapper: Sequence[str] = (),
     ready_within: float = 60.0,

@@ -204,7 +204,8 @@ def create_app(
     gateway = Gateway(settings, environ=environ, **gateway_kwargs)
     prefix = settings.gateway.prefix
     routes = route_table(prefix)
-    return TaogateApp(gateway, _build_api(gateway, prefix), routes, gateway_server_options(settings.gateway))
+    options = gateway_server_options(settings.gateway, settings.upstream_connections())
+    return TaogateApp(gateway, _build_api(gateway, prefix), routes, options)
 
 
 def route_table(prefix: str) -> dict[str, Route]:

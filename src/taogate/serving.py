@@ -47,10 +47,11 @@ def open_file_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def gateway_server_options(cfg: GatewaySettings) -> dict[str, Any]:
+def gateway_server_options(cfg: GatewaySettings, upstream: int) -> dict[str, Any]:
     """uvicorn options for the gateway: its protocol with the client limits of ``cfg``, no upgrades,
-    its keep-alive, and nothing of uvicorn's own that the gateway does itself."""
-    fits = open_file_limit() - cfg.max_connections - _FD_RESERVE
+    its keep-alive, and nothing of uvicorn's own that the gateway does itself. ``upstream``: the
+    connections to the instances, whose file descriptors the clients' leave room for."""
+    fits = open_file_limit() - upstream - _FD_RESERVE
     connections = max(16, min(cfg.max_client_connections, fits))
     if connections < cfg.max_client_connections:
         log.warning(

@@ -69,7 +69,12 @@ class GatewaySettings(Section):
         description="Seconds a streaming client may read nothing before the gateway gives up on it "
         "(the instance request is aborted and its slot freed).",
     )
-    max_connections: int = Field(default=64, ge=1, description="Upstream connection pool size.")
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Upstream connections open at once, all instances together. Unset: no limit of "
+        "the pool's own; each instance's cap already bounds the connections in use there.",
+    )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Largest request body (413).")
     max_json_items: int = Field(
         default=1_000_000,
@@ -301,6 +306,17 @@ class Settings(BaseSettings):
             raise ConfigError(f"[gateway] admin_key_env names {name}, which is not set: export {name}=…")
         return value
 
+    def instance_caps(self) -> int:
+        """Requests the configured instances (the overflow one included) may hold at once."""
+        specs = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
+        return sum(i.max_queue or self.dispatch.max_queue_per_instance for i in specs)
+
+    def upstream_connections(self) -> int:
+        """Connections the hop may keep open: ``max_connections``, else the instances' caps (at
+        least 64, for instances found later by discovery). The listener leaves file descriptors
+        for them."""
+        return self.gateway.max_connections or max(64, self.instance_caps())
+
     def restart_only_changes(self, new: Settings) -> list[str]:
         """Keys that differ in ``new`` but a running gateway cannot change (the listening socket, the
         routes, the connection pool, logging, the tokenizer): a reload names them in a warning."""
@@ -336,8 +352,8 @@ class Settings(BaseSettings):
                 "[dispatch.retry] backoff_base under 0.1 s: prefill retries are expensive and quick "
                 "retries deepen queues."
             )
-        caps = sum(i.max_queue or self.dispatch.max_queue_per_instance for i in self.instances)
-        if caps > self.gateway.max_connections:
+        caps = self.instance_caps()
+        if self.gateway.max_connections is not None and caps > self.gateway.max_connections:
             out.append(
                 f"[gateway] max_connections = {self.gateway.max_connections} is below the sum of the "
                 f"instances' caps ({caps}): requests past it wait for a free upstream connection, and get "

@@ -356,6 +356,19 @@ async def test_at_the_limit_an_idle_connection_to_another_origin_makes_room() ->
         await p.aclose()
 
 
+async def test_without_a_limit_every_request_gets_a_connection_and_the_idle_ones_stay_per_origin() -> None:
+    async with script(keep_alive) as a, script(keep_alive) as b:
+        p = pool(limit=None, pool_timeout=0.2)
+        held = [await p.request(o, b"/", [], b"") for o in (a.origin, b.origin) for _ in range(3)]
+        assert (a.connections, b.connections, p.open_connections) == (3, 3, 6)
+        for r in held:
+            assert await r.aread() == b"{}"
+        assert p.idle_connections == 6  # none closed to make room for another origin
+        await (await p.request(b.origin, b"/", [], b"")).aread()
+        assert (b.connections, p.open_connections) == (3, 6)
+        await p.aclose()
+
+
 async def test_flow_control_pauses_reading_for_a_slow_consumer() -> None:
     size = 2 * 1024 * 1024
 

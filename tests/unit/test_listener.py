@@ -170,7 +170,7 @@ def test_the_gateway_is_served_with_the_limited_protocol_and_its_limits() -> Non
     cfg = GatewaySettings(
         max_headers=20, header_timeout=3.0, keepalive_timeout=9.0, max_client_connections=100
     )
-    options = gateway_server_options(cfg)
+    options = gateway_server_options(cfg, upstream=64)
     cls = options["http"]
     assert issubclass(cls, LimitedProtocol)
     limits = cls._census.limits

@@ -84,6 +84,15 @@ def test_article_files_verbatim_work(tmp_path: Path) -> None:
     ]
 
 
+def test_the_upstream_pool_follows_the_instances_caps_unless_set() -> None:
+    urls = [{"url": f"http://127.0.0.1:{8000 + i}"} for i in range(4)]
+    fleet = Settings(instances=urls, overflow={"url": "http://127.0.0.1:9000", "max_queue": 8})
+    assert fleet.gateway.max_connections is None and fleet.warnings() == []
+    assert (fleet.instance_caps(), fleet.upstream_connections()) == (4 * 32 + 8, 136)
+    assert Settings(instances=urls[:1]).upstream_connections() == 64  # room for discovered ones
+    assert Settings(gateway={"max_connections": 500}, instances=urls).upstream_connections() == 500
+
+
 def test_settings_json_given_explicitly(tmp_path: Path) -> None:
     cfg = write(tmp_path, ARTICLE_TOML)
     other = tmp_path / "elsewhere.json"

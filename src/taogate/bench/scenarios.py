@@ -156,12 +156,11 @@ def gateway_settings(
     urls: Sequence[str], scenario: Scenario, *, names: Sequence[str] | None = None, **dispatch: Any
 ) -> Settings:
     """The gateway of a benchmark ``scenario`` in front of ``urls``: its strategy and cap, and a
-    queue and pool that never are the bottleneck under test."""
-    cap = dispatch.get("max_queue_per_instance", scenario.max_queue)
+    queue that is never the bottleneck under test."""
     return loopback_settings(
         urls,
         names=names,
-        gateway={"request_timeout": 300, "max_connections": max(64, cap * len(urls))},
+        gateway={"request_timeout": 300},
         dispatch={
             "strategy": scenario.strategy,
             "prefix_affinity": scenario.prefix_affinity,

@@ -1,5 +1,5 @@
-"""Keep-alive connections to any number of origins, at most ``limit`` open at once, and the
-requests waiting for one."""
+"""Keep-alive connections to any number of origins, at most ``limit`` open at once (if any), and
+the requests waiting for one."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class _Waiter:
 
 
 class Pool:
-    """Keep-alive connections to any number of origins, at most ``limit`` open at once.
+    """Keep-alive connections to any number of origins, at most ``limit`` open at once (None: as
+    many as the requests; the caller bounds them).
 
     Idle connections are reused newest first and dropped after ``keepalive`` seconds idle (vLLM's
     uvicorn closes them at 5 s; reusing one it is closing would fail the request). When every slot is
@@ -37,7 +38,7 @@ class Pool:
 
     def __init__(
         self,
-        limit: int,
+        limit: int | None,
         *,
         connect_timeout: float,
         read_timeout: float | None,
@@ -47,8 +48,8 @@ class Pool:
         max_header_bytes: int = 64 * 1024,
         max_headers: int = 100,
     ) -> None:
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be None or >= 1")
         self.limit = limit
         self.limits = Limits(connect_timeout, read_timeout, pool_timeout, max_header_bytes, max_headers)
         self.keepalive = keepalive
@@ -136,7 +137,7 @@ class Pool:
             conn = None if fresh else self._pop_idle(origin, loop.time())
             if conn is not None:
                 return conn, True
-            if self._open < self.limit or self._evict_idle():
+            if self.limit is None or self._open < self.limit or self._evict_idle():
                 return await self._connect(origin), False
             left = deadline - loop.time()
             if left <= 0:
