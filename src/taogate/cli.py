@@ -189,7 +189,10 @@ def pick(
         str | None, typer.Option(help=escape("Listen address (overrides [gateway] host)."))
     ] = None,
     key_check: Annotated[
-        bool, typer.Option(help="Check the unified key; --no-key-check where the gateway authenticates.")
+        bool,
+        typer.Option(
+            help="Check the client's key (unified or named); --no-key-check where the gateway authenticates."
+        ),
     ] = True,
 ) -> None:
     """Run as the endpoint picker of an inference gateway (Envoy ext_proc). SIGHUP reloads."""

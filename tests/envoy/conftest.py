@@ -1,5 +1,6 @@
 """One stack for the Envoy tier's module: three emulated instances (the last four times slower),
-``taogate pick`` and Envoy with the shipped bootstrap, fail closed."""
+``taogate pick`` (the unified key and one named key) and Envoy with the shipped bootstrap, fail
+closed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from taogate.bench.procs import Child, free_port
 from tests.envoy import stack
 
 SLOW = 2  # index of the slow instance; its name is emu2
+#: A named key beside the unified one, two requests a minute.
+TEAM_A_KEY = "team-a-secret"
+TEAM_A_TOML = '[[keys]]\nname = "team-a"\nkey_env = "TEAM_A_KEY"\nrequests_per_minute = 2\n'
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +35,8 @@ async def envoy_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     args = ["--slow", f"{SLOW}=4", "--enable-prefix-caching", "--enable-prompt-tokens-details"]
     async with stack.fleet(workdir / "fleet.log", 3, args) as fleet:
         config = workdir / "config.toml"
-        stack.write_config(config, fleet.urls)
-        async with stack.picker(workdir, config) as picker:
+        stack.write_config(config, fleet.urls, TEAM_A_TOML)
+        async with stack.picker(workdir, config, environ={"TEAM_A_KEY": TEAM_A_KEY}) as picker:
             doc = stack.bootstrap(free_port(), free_port(), [picker.port])
             async with stack.envoy(workdir, doc) as envoy:
                 yield Stack(workdir, fleet, config, picker, envoy)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,9 +73,16 @@ class Picker:
 
 @asynccontextmanager
 async def picker(
-    workdir: Path, config: Path, *, port: int | None = None, args: Sequence[str] = (), name: str = "picker"
+    workdir: Path,
+    config: Path,
+    *,
+    port: int | None = None,
+    args: Sequence[str] = (),
+    name: str = "picker",
+    environ: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Picker]:
-    """``taogate pick`` on ``port`` (a free one if None); ready once its instances are probed."""
+    """``taogate pick`` on ``port`` (a free one if None); ready once its instances are probed.
+    ``environ``: more variables (named keys' env vars)."""
     port = port or free_port()
     http_port = free_port()
     cmd = [
@@ -89,7 +96,7 @@ async def picker(
         str(http_port),
         *args,
     ]
-    env = {**os.environ, "TAOTOKEN_API_KEY": KEY}
+    env = {**os.environ, "TAOTOKEN_API_KEY": KEY, **(environ or {})}
     http = f"http://127.0.0.1:{http_port}"
     async with launch(
         cmd,

@@ -234,3 +234,61 @@ async def test_the_instance_is_told_its_own_key_and_the_response_names_it() -> N
             assert _set(told)["x-taogate-instance"] == b"i0"
             assert "set-cookie" in told.header_mutation.remove_headers  # only the gateway speaks so
             talk.cancel()
+
+
+async def test_named_keys_are_held_to_their_limits_as_under_serve() -> None:
+    """A named key's concurrency slot is held until its response ends or its stream closes, its
+    requests are counted per window, its models allow-listed; its responses carry x-ratelimit-*."""
+    keys = [
+        {"name": "team-a", "key_env": "TEAM_A_KEY", "requests_per_minute": 2, "max_concurrency": 1},
+        {"name": "team-b", "key_env": "TEAM_B_KEY", "models": ["another-model"]},
+    ]
+    environ = {**ENV, "TEAM_A_KEY": "team-a-secret", "TEAM_B_KEY": "team-b-secret"}
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls)
+        settings.keys = keys  # type: ignore[assignment]  # validated on assignment
+        async with (
+            serve_picker(settings, environ=environ) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            stats = running.app.gateway.limiter.stats
+
+            async def ask(key: str) -> tuple[Conversation, Any]:
+                talk = Conversation(stub)
+                await talk.send(request_headers=_headers(_request(key=key)))
+                await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+                return talk, await talk.read()
+
+            first, picked = await ask("team-a-secret")
+            assert DESTINATION in _set(picked.request_headers.response)
+            assert stats["team-a"].in_flight == 1
+            _, busy = await ask("team-a-secret")  # its one slot is taken
+            assert busy.immediate_response.status.code == 429
+            await first.read()  # the body handed back
+            await first.send(
+                response_headers=_headers([(":status", "200"), ("content-type", "application/json")])
+            )
+            told = _set((await first.read()).response_headers.response)
+            assert (told["x-ratelimit-limit-requests"], told["x-ratelimit-remaining-requests"]) == (
+                b"2",
+                b"1",
+            )
+            usage = orjson.dumps({"usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+            await first.send(response_body=pb.HttpBody(body=usage, end_of_stream=True))
+            await first.read()
+            assert (stats["team-a"].in_flight, stats["team-a"].completion_tokens) == (0, 2)
+
+            second, _ = await ask("team-a-secret")
+            second.cancel()  # the gateway reset the stream before any response: the slot comes back
+            await wait_until(lambda: stats["team-a"].in_flight == 0, what="slot back")
+            _, over = await ask("team-a-secret")  # the window's two: the first, the cancelled one
+            refused = over.immediate_response
+            assert refused.status.code == 429
+            assert orjson.loads(refused.body)["error"]["code"] == "rate_limit_exceeded"
+            assert any(h.header.key == "retry-after" for h in refused.headers.set_headers)
+            _, barred = await ask("team-b-secret")
+            assert barred.immediate_response.status.code == 404
+            assert orjson.loads(barred.immediate_response.body)["error"]["code"] == "model_not_found"
+            assert sum(i.inflight for i in running.app.gateway.fleet) == 0
+            assert stats["team-a"].rejections == {"concurrency": 1, "requests": 1}

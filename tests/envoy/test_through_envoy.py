@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import KEY
 from tests.envoy import stack
-from tests.envoy.conftest import SLOW, Stack
+from tests.envoy.conftest import SLOW, TEAM_A_KEY, Stack
 from tests.integration.dispatch_helpers import words
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -92,6 +92,26 @@ async def test_wrong_key_is_a_401_in_openai_shape_and_no_credentials_go_upstream
         # what serve's tests cover; here the client's key must be gone (Envoy would pass it on).
         r = await http.post(url, json=body, headers={**_auth(), "x-api-key": KEY})
         assert r.status_code == 200 and "x-taogate-instance" in r.headers
+
+
+async def test_a_named_keys_limit_reaches_the_sdk_through_envoy(envoy_stack: Stack) -> None:
+    """The OpenAI SDK behind Envoy reads the key's x-ratelimit-* headers, then raises its
+    RateLimitError with OpenAI's code (two requests a minute)."""
+    client = openai.AsyncOpenAI(base_url=envoy_stack.envoy.api_base, api_key=TEAM_A_KEY, max_retries=0)
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+    remaining = []
+    for _ in range(2):
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=2
+        )
+        assert raw.parse().choices[0].message.content
+        remaining.append(raw.headers["x-ratelimit-remaining-requests"])
+    assert remaining == ["1", "0"]
+    with pytest.raises(openai.RateLimitError) as refused:
+        await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert refused.value.code == "rate_limit_exceeded"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    await client.close()
 
 
 async def test_slow_instance_gets_less_work_and_is_flagged(envoy_stack: Stack) -> None:

@@ -1,10 +1,10 @@
 """One request's way to its pick: route, key, body facts, plan and lease, as ``serve`` does it.
 
-Every step is the proxy's own: ``KeyCheck`` for the unified key, ``Intake`` for the body's facts
-(model, stream flag, token estimate, prefix key, priority, tag), ``plan`` and ``Forward.to`` for
-what the instance is told (its own key, its priority, a Responses id), ``Dispatcher`` for the pick
-and its lease. What differs is only the output: header changes and a body for the gateway in front
-to send, instead of a request of our own.
+Every step is the proxy's own: ``KeyCheck`` for the client's key, ``Intake`` for the body's facts
+(model, stream flag, token estimate, prefix key, priority, tag), ``Limiter`` for its key's limits,
+``plan`` and ``Forward.to`` for what the instance is told (its own key, its priority, a Responses
+id), ``Dispatcher`` for the pick and its lease. What differs is only the output: header changes and
+a body for the gateway in front to send, instead of a request of our own.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ from taogate.picker.encoding import Headers
 from taogate.picker.hints import excluded_by_subset
 from taogate.proxy.auth import header
 from taogate.proxy.forward import Forward, plan
+from taogate.proxy.intake import Incoming
 from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.upstream import HOP_BY_HOP, upstream_headers
 from taogate.request_record import RequestRecord
+from taogate.tenancy import limiter
+from taogate.tenancy.keys import Tenant
 
-__all__ = ["Admission", "Answer", "Picked", "header_changes"]
+__all__ = ["Admission", "Answer", "Picked", "header_changes", "refused"]
 
 
 def header_changes(before: Headers, after: Headers) -> tuple[Headers, list[bytes]]:
@@ -59,6 +62,7 @@ class Picked:
     remove: list[bytes]
     body: bytes  # what goes upstream
     sent_at: float
+    admitted: limiter.Admission  # its key's: held until the response ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +112,13 @@ class Admission:
         body = orjson.dumps({"object": "list", "data": [cards[k] for k in sorted(cards)]})
         return Answer(200, [(b"content-type", b"application/json")], body)
 
-    def authorize(self, route: Route | None, headers: Headers) -> None:
-        """The unified key, as ``serve`` checks it (raises ``Unauthorized``)."""
+    def authorize(self, route: Route | None, headers: Headers) -> Tenant:
+        """Whose key, as ``serve`` checks it (raises ``Unauthorized``); without the check, the
+        unified key's: the gateway in front authenticated the client."""
+        keys = self.gateway.keys
         if self.check_key:
-            self.gateway.keys.check_request(headers, either=route is None or route.anthropic)
+            return keys.check_request(headers, either=route is None or route.anthropic)
+        return keys.table.unified
 
     async def pick(
         self,
@@ -122,13 +129,14 @@ class Admission:
         subset: frozenset[str] | None,
         rec: RequestRecord,
         path: str,
+        tenant: Tenant,
     ) -> Picked:
-        """Read the request's facts and take a lease on the instance dispatch picks (within the
-        subset, if the gateway set one); GatewayError for every refusal."""
+        """Read the request's facts, admit it against its key's limits and take a lease on the
+        instance dispatch picks (within the subset, if the gateway set one); GatewayError for every
+        refusal."""
         gw = self.gateway
-        pipeline = gw.pipeline
         plain = [(k, v) for k, v in headers if not k.startswith(b":")]
-        incoming = await pipeline.intake.read(route, plain, _once(body))
+        incoming = await gw.pipeline.intake.read(route, plain, _once(body), tenant.max_priority)
         facts = incoming.facts
         rec.model = incoming.model
         rec.prompt_tokens_est = facts.prompt_tokens
@@ -136,25 +144,17 @@ class Admission:
         rec.priority = facts.priority or None
         rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
         rid = rec.request_id.encode()
-        up = upstream_headers(plain, request_id=rid, tag=incoming.tag)
-        path_only, _, query = path.partition("?")
-        scope = {
-            "path": path_only,
-            "query_string": query.encode(),
-            "method": route_method(headers),
-            "headers": plain,
-        }
-        fleet = gw.dispatcher.fleet
-        forward, exclude = plan(
-            route, scope, gw.settings.gateway.prefix, up, incoming, ids=pipeline.responses, fleet=fleet
-        )
-        if subset is not None:
-            exclude |= excluded_by_subset(fleet, subset)
-            if all(i.name in exclude for i in fleet):
-                raise NoInstance(
-                    "No instance of the gateway's subset hint can take this request.", retry_after=1
-                )
-        lease = await self._lease(facts, exclude, rec, subset is not None)
+        admitted = await gw.limiter.enter(tenant, facts, incoming.model, rec)
+        try:
+            forward, exclude = self._plan(
+                route, plain, incoming, path=path, method=route_method(headers), rid=rid, subset=subset
+            )
+            lease = await self._lease(facts, exclude, rec, subset is not None)
+        except BaseException as exc:
+            if isinstance(exc, GatewayError):
+                refused(rec, exc)
+            gw.limiter.release(admitted, rec)
+            raise
         try:
             spec = lease.instance.spec
             up_headers, up_body = forward.to(spec)
@@ -163,10 +163,56 @@ class Admission:
             now = gw.clock()
         except BaseException:
             lease.release()
+            gw.limiter.release(admitted, rec)
             raise
         return Picked(
-            route, rec, facts, incoming.size, forward, lease, rid, spec.host, set_headers, remove, sent, now
+            route,
+            rec,
+            facts,
+            incoming.size,
+            forward,
+            lease,
+            rid,
+            spec.host,
+            set_headers,
+            remove,
+            sent,
+            now,
+            admitted,
         )
+
+    def _plan(
+        self,
+        route: Route,
+        plain: Headers,
+        incoming: Incoming,
+        *,
+        path: str,
+        method: str,
+        rid: bytes,
+        subset: frozenset[str] | None,
+    ) -> tuple[Forward, frozenset[str]]:
+        """What the instance is told, and the instances the request may not go to."""
+        gw = self.gateway
+        up = upstream_headers(plain, request_id=rid, tag=incoming.tag)
+        path_only, _, query = path.partition("?")
+        scope = {
+            "path": path_only,
+            "query_string": query.encode(),
+            "method": method,
+            "headers": plain,
+        }
+        fleet = gw.dispatcher.fleet
+        forward, exclude = plan(
+            route, scope, gw.settings.gateway.prefix, up, incoming, ids=gw.pipeline.responses, fleet=fleet
+        )
+        if subset is not None:
+            exclude |= excluded_by_subset(fleet, subset)
+            if all(i.name in exclude for i in fleet):
+                raise NoInstance(
+                    "No instance of the gateway's subset hint can take this request.", retry_after=1
+                )
+        return forward, exclude
 
     async def _lease(
         self, facts: RequestFacts, exclude: frozenset[str], rec: RequestRecord, hinted: bool
@@ -193,6 +239,14 @@ class Admission:
             rec.channel_fallback = True
         metrics.child(metrics.decisions, gw.settings.dispatch.strategy, pick.reason).inc()
         return lease
+
+
+def refused(rec: RequestRecord, exc: GatewayError) -> None:
+    """A refusal's marks on the request's record, as ``serve`` accounts them."""
+    rec.status = exc.status
+    rec.error = exc.code
+    if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
+        rec.reject = exc.code
 
 
 def route_method(headers: Headers) -> str:

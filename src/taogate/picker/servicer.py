@@ -3,9 +3,11 @@
 ::
 
     request headers  → route, key (401 at once), held unanswered while the body comes
-    request body     → gathered; at its end the pick: the headers' answer (destination, header
-                       changes, cleared route cache), then the body handed back, in chunks
-    response headers → the tap; x-taogate-instance and the request id for the client
+    request body     → gathered; at its end the key's limits and the pick: the headers' answer
+                       (destination, header changes, cleared route cache), then the body handed
+                       back, in chunks
+    response headers → the tap; x-taogate-instance, the request id and the key's x-ratelimit-*
+                       for the client
     response body    → each chunk handed back as it came, and through the tap
     (stream closed)  → the tap releases the lease if the response did not end
 
@@ -23,13 +25,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from taogate.errors import OPENAI_ERRORS, GatewayError, NoInstance, Unauthorized
 from taogate.gateway import Gateway
 from taogate.picker import encoding
-from taogate.picker.admit import Admission, Answer, error_answer, route_method
+from taogate.picker.admit import Admission, Answer, error_answer, refused, route_method
 from taogate.picker.hints import served_endpoint, subset_hint
 from taogate.picker.tap import Tap
 from taogate.proxy.auth import header
 from taogate.proxy.intake import request_id
 from taogate.proxy.routes import Route
 from taogate.request_record import RequestRecord
+from taogate.tenancy.keys import Tenant
 
 __all__ = ["Picker"]
 
@@ -67,6 +70,7 @@ class _Stream:
         "_route",
         "_subset",
         "_tap",
+        "_tenant",
         "done",
     )
 
@@ -81,6 +85,7 @@ class _Stream:
         self._rec: RequestRecord | None = None
         self._subset: frozenset[str] | None = None
         self._tap: Tap | None = None
+        self._tenant: Tenant | None = None
         self.done = False  # answered without an upstream
 
     async def handle(self, message: Any) -> list[Any]:
@@ -139,7 +144,7 @@ class _Stream:
         try:
             if not gw.accepting:
                 raise NoInstance("The gateway is shutting down.", retry_after=1)
-            admission.authorize(target, headers)
+            self._tenant = admission.authorize(target, headers)
         except Unauthorized as exc:
             self._rec.reject = "auth"
             return [self._refuse(exc)]
@@ -163,10 +168,16 @@ class _Stream:
         return await self._pick(body, end=not trailers)
 
     async def _pick(self, body: bytes, *, end: bool) -> list[Any]:
-        assert self._route is not None and self._rec is not None
+        assert self._route is not None and self._rec is not None and self._tenant is not None
         try:
             picked = await self._admission.pick(
-                self._route, self._headers, body, subset=self._subset, rec=self._rec, path=self._path
+                self._route,
+                self._headers,
+                body,
+                subset=self._subset,
+                rec=self._rec,
+                path=self._path,
+                tenant=self._tenant,
             )
         except GatewayError as exc:
             return [self._refuse(exc)]
@@ -187,10 +198,7 @@ class _Stream:
         """A refusal in the route's error shape, accounted and logged once as ``serve`` does."""
         rec, route = self._rec, self._route
         assert rec is not None and route is not None
-        rec.status = exc.status
-        rec.error = exc.code
-        if rec.reject is None and exc.status in (400, 404, 405, 408, 413, 415, 429, 503):
-            rec.reject = exc.code
+        refused(rec, exc)
         self._gateway.accounting.record(rec)
         return self._immediate(error_answer(route.errors, exc, rec.request_id.encode()))
 

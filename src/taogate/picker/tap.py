@@ -2,10 +2,11 @@
 
 Response headers, body chunks and the end reach the same learner, leases and accounting as in
 ``serve``: the first body chunk of a stream is its first token (TTFT, the lease's prefill done),
-the usage comes from the proxy's own SSE tap or body probe, and the end releases the lease and
-learns the instance's speed from a 200. A stream that closes first (a client that went away, a
-gateway that reset) releases the lease too. A gateway that served the request at another endpoint
-than the pick (a fallback) has the request accounted to that instance.
+the usage comes from the proxy's own SSE tap or body probe, and the end releases the lease and the
+key's admission (its tokens settled from the usage) and learns the instance's speed from a 200. A
+stream that closes first (a client that went away, a gateway that reset) releases both too. A
+gateway that served the request at another endpoint than the pick (a fallback) has the request
+accounted to that instance.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Tap:
             report = header(plain, LOAD_REPORT_RESPONSE.encode())
             inst.record_load_report(report.decode("latin-1") if report is not None else None, gw.clock())
         after = p.forward.answer_headers(plain, p.rid, inst.name)
+        after.extend(p.admitted.headers)
         return header_changes(plain, after)
 
     def _moved(self, served: str) -> None:
@@ -122,6 +124,7 @@ class Tap:
                         gw.accounting.learn(rec, p.facts, p.size, p.lease)
         finally:
             p.lease.release()
+            gw.limiter.release(p.admitted, rec)
             gw.accounting.record(rec)
 
     def close(self) -> None:
@@ -135,4 +138,5 @@ class Tap:
         p.rec.error = "client_gone" if self._status is not None else "no_response"
         gw.metrics.client_disconnects.inc()
         p.lease.release()
+        gw.limiter.release(p.admitted, p.rec)
         gw.accounting.record(p.rec)

@@ -134,14 +134,21 @@ class Limiter:
     async def admit(
         self, tenant: Tenant, facts: RequestFacts, model: str | None, rec: RequestRecord, send: Send
     ) -> tuple[Admission, Send]:
-        """The pipeline's step: admit the request (reserving its prompt and all the output it may
-        ask for, as OpenAI counts), and the ``send`` that adds its key's headers to the response."""
+        """The pipeline's step: ``enter``, and the ``send`` that adds its key's headers to the
+        response."""
+        admission = await self.enter(tenant, facts, model, rec)
+        return admission, _with_headers(send, admission.headers) if admission.headers else send
+
+    async def enter(
+        self, tenant: Tenant, facts: RequestFacts, model: str | None, rec: RequestRecord
+    ) -> Admission:
+        """Admit a request of ``tenant``'s key, reserving its prompt and all the output it may ask
+        for (as OpenAI counts), or raise its refusal; ``release`` ends it. The admission's
+        ``headers`` go on its response."""
         rec.key = facts.tenant = tenant.name
         if tenant.rate_limited:
-            admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
-        else:  # no window to count in: nothing to wait for
-            admission = _admitted(self._admissible(tenant, model))
-        return admission, _with_headers(send, admission.headers) if admission.headers else send
+            return await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
+        return _admitted(self._admissible(tenant, model))  # no window to count in: nothing to wait for
 
     async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
         """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
