@@ -49,9 +49,10 @@ from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.fleet.instance import InstanceSpec
 from taogate.observe.access_log import AccessLog
 from taogate.observe.accounting import Accounting
+from taogate.observe.collectors import FleetCollector, KeysCollector, UpstreamCollector
 from taogate.observe.dropped import SERVER_LOGGER, DroppedResponses
 from taogate.observe.history import HISTORY_INTERVAL, History, sample
-from taogate.observe.metrics import FleetCollector, GatewayMetrics, KeysCollector
+from taogate.observe.metrics import GatewayMetrics
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.intake import Intake
 from taogate.proxy.pipeline import InFlight, Pipeline
@@ -144,6 +145,7 @@ class Gateway:
             clock=clock,
         )
         self.upstream = Upstream(settings.gateway)
+        self.registry.register(UpstreamCollector(self.upstream.pool))
         self.client = control_client(settings.gateway)  # probes, warm-up, admin calls
         self.fetcher = Fetcher(settings.gateway)  # engine scrapes
         self.dropped = DroppedResponses()  # hides the server's complaint about our deliberate drops

@@ -57,8 +57,15 @@ async def test_metrics_pass_promtool(gw: Running) -> None:
         "taogate_rejections_total",
         "taogate_queue_length",
         "taogate_build_info",
+        "taogate_upstream_connections",
     ):
         assert name in text, name
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"
+    }
+    assert values['taogate_upstream_connections{state="in_use"}'] == 0  # the load is over: kept alive
+    assert values['taogate_upstream_connections{state="idle"}'] >= 1
+    assert "taogate_upstream_connections_limit" not in text  # no max_connections: no limit of its own
     proc = await asyncio.create_subprocess_exec(
         promtool, "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
     )
