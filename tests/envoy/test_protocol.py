@@ -4,6 +4,7 @@ endpoint moving the lease, a stream closed without a response, the health servic
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
+from taogate.picker.admit import FAIRNESS_ID
 from taogate.picker.encoding import CHUNK, DESTINATION
 from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
 from tests.conftest import ENV, KEY, gateway_settings, wait_until
@@ -292,3 +294,45 @@ async def test_named_keys_are_held_to_their_limits_as_under_serve() -> None:
             assert orjson.loads(barred.immediate_response.body)["error"]["code"] == "model_not_found"
             assert sum(i.inflight for i in running.app.gateway.fleet) == 0
             assert stats["team-a"].rejections == {"concurrency": 1, "requests": 1}
+
+
+async def _answer(talk: Conversation) -> None:
+    """The instance's whole answer, as the gateway relays it: the lease comes back."""
+    await talk.send(response_headers=_headers([(":status", "200"), ("content-type", "application/json")]))
+    await talk.read()
+    await talk.send(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+    await talk.read()
+
+
+@pytest.mark.parametrize("check_key", [False, True])
+async def test_behind_an_authenticating_gateway_its_flows_share_the_fleet(check_key: bool) -> None:
+    """One slot; flow a holds it and queues two more, then flow b queues one. Where the gateway
+    authenticates, its fairness id names the flows: b goes before a's second waiting request.
+    Where taogate checks the key, a client's claim is no flow: first come, first served."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls, dispatch={"max_queue_per_instance": 1})
+        async with (
+            serve_picker(settings, environ=ENV, check_key=check_key) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            gateway = running.app.gateway
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            talks: dict[str, Conversation] = {}
+            picks: list[asyncio.Task[Any]] = []
+            for name, flow in (("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b")):
+                talk = talks[name] = Conversation(stub)
+                await talk.send(request_headers=_headers([*_request(), (FAIRNESS_ID.decode(), flow)]))
+                await talk.send(request_body=pb.HttpBody(body=_chat(name * 50), end_of_stream=True))
+                picks.append(asyncio.create_task(talk.read()))
+                await wait_until(lambda: gateway.dispatcher.queued == len(talks) - 1, what="queued")
+            order: list[str] = []
+            for _ in range(4):
+                waiting = [p for name, p in zip(talks, picks, strict=True) if name not in order]
+                done, _ = await asyncio.wait(waiting, return_when="FIRST_COMPLETED")
+                assert len(done) == 1  # one slot: one pick at a time
+                name = list(talks)[picks.index(done.pop())]
+                order.append(name)
+                await talks[name].read()  # the body handed back
+                await _answer(talks[name])
+            assert order == (["a1", "a2", "a3", "b1"] if check_key else ["a1", "a2", "b1", "a3"])
+            assert ("flow:a" in gateway.dispatcher.fair._served) is not check_key

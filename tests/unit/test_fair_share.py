@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.fleet.priority import FairOrder
-from taogate.tenancy.fairshare import FairShare
+from taogate.tenancy.fairshare import MAX_FLOWS, FairShare
 
 
 @dataclass(eq=False)
@@ -50,6 +50,23 @@ def test_weights_divide_the_charge() -> None:
     assert (fair.counter("big"), fair.counter("small")) == (100.0, 400.0)
     fair.configure({"small": 1.0})  # big revoked: its counter goes
     assert fair.counter("big") == 0.0
+
+
+def test_flows_outlive_a_reload_and_the_least_served_half_goes_past_the_bound() -> None:
+    fair = FairShare({"unified": 1.0, "team-a": 1.0})
+    fair.charge("team-a", 10)
+    fair.charge("flow:x", 10)
+    fair.configure({"unified": 1.0})  # team-a revoked; the flow is no key of the table
+    assert (fair.counter("team-a"), fair.counter("flow:x")) == (0.0, 10.0)
+    for n in range(MAX_FLOWS - 1):
+        fair.charge(f"flow:{n}", n)
+    fair.charge("unified", 1)
+    assert fair.counter("flow:x") == 10.0  # the bound: MAX_FLOWS flows beside the keys
+    fair.charge("flow:new", 5)  # one too many: the half served least go, the keys stay
+    assert fair.counter("flow:0") == 0.0 and fair.counter("flow:x") == 0.0
+    assert fair.counter(f"flow:{MAX_FLOWS - 2}") == MAX_FLOWS - 2
+    assert (fair.counter("unified"), fair.counter("flow:new")) == (1.0, 5.0)
+    assert len(fair._served) <= MAX_FLOWS // 2 + 2
 
 
 @settings(max_examples=150, deadline=None)

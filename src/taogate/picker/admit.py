@@ -9,6 +9,7 @@ a body for the gateway in front to send, instead of a request of our own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,12 @@ from taogate.request_record import RequestRecord
 from taogate.tenancy import limiter
 from taogate.tenancy.keys import Tenant
 
-__all__ = ["Admission", "Answer", "Picked", "header_changes", "refused"]
+__all__ = ["FAIRNESS_ID", "Admission", "Answer", "Picked", "header_changes", "refused"]
+
+#: The Inference Extension's header naming a request's flow for fair share, set by the gateway in
+#: front: read only where that gateway authenticates (a client's own claim is not trusted).
+FAIRNESS_ID = b"x-gateway-inference-fairness-id"
+_FLOW = re.compile(rb"[\x21-\x7e]{1,128}")  # visible ASCII, as header values usually are
 
 
 def header_changes(before: Headers, after: Headers) -> tuple[Headers, list[bytes]]:
@@ -120,6 +126,16 @@ class Admission:
             return keys.check_request(headers, either=route is None or route.anthropic)
         return keys.table.unified
 
+    def flow(self, headers: Headers) -> str | None:
+        """The fair share's name for the request where the gateway in front authenticates and
+        names its flow (``FAIRNESS_ID``); None otherwise, or for a malformed name."""
+        if self.check_key:
+            return None
+        value = header(headers, FAIRNESS_ID)
+        if value is None or _FLOW.fullmatch(value) is None:
+            return None
+        return "flow:" + value.decode("ascii")  # never a key's name, which has no colon
+
     async def pick(
         self,
         route: Route,
@@ -144,7 +160,7 @@ class Admission:
         rec.priority = facts.priority or None
         rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
         rid = rec.request_id.encode()
-        admitted = await gw.limiter.enter(tenant, facts, incoming.model, rec)
+        admitted = await gw.limiter.enter(tenant, facts, incoming.model, rec, self.flow(plain))
         try:
             forward, exclude = self._plan(
                 route, plain, incoming, path=path, method=route_method(headers), rid=rid, subset=subset

@@ -60,6 +60,7 @@ class Admission:
     reserved: int = 0
     bucket: int | None = None  # where its tokens were reserved (None: nowhere)
     released: bool = False
+    share: str = ""  # the fair-share counter it is charged to: its key's, or a flow's
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,
@@ -69,6 +70,7 @@ class Admission:
         reserved: int = 0,
         bucket: int | None = None,
         released: bool = False,
+        share: str = "",
     ) -> None:
         self.tenant = tenant
         self.stats = stats
@@ -76,6 +78,7 @@ class Admission:
         self.reserved = reserved
         self.bucket = bucket
         self.released = released
+        self.share = share
 
 
 def _admitted(admission: Admission) -> Admission:
@@ -140,15 +143,25 @@ class Limiter:
         return admission, _with_headers(send, admission.headers) if admission.headers else send
 
     async def enter(
-        self, tenant: Tenant, facts: RequestFacts, model: str | None, rec: RequestRecord
+        self,
+        tenant: Tenant,
+        facts: RequestFacts,
+        model: str | None,
+        rec: RequestRecord,
+        flow: str | None = None,
     ) -> Admission:
         """Admit a request of ``tenant``'s key, reserving its prompt and all the output it may ask
         for (as OpenAI counts), or raise its refusal; ``release`` ends it. The admission's
-        ``headers`` go on its response."""
-        rec.key = facts.tenant = tenant.name
+        ``headers`` go on its response. ``flow``: the fair share's name for it in the key's place
+        (a flow the gateway in front named)."""
+        rec.key = tenant.name
+        facts.tenant = flow or tenant.name
         if tenant.rate_limited:
-            return await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
-        return _admitted(self._admissible(tenant, model))  # no window to count in: nothing to wait for
+            admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
+        else:  # no window to count in: nothing to wait for
+            admission = _admitted(self._admissible(tenant, model))
+        admission.share = facts.tenant
+        return admission
 
     async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
         """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
@@ -194,7 +207,7 @@ class Limiter:
                     [],
                 ),
             )
-        return Admission(tenant, stats, [])
+        return Admission(tenant, stats, [], share=tenant.name)
 
     async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int) -> Counts | None:
         window_ms = max(1, round(self.limits.window * 1000))
@@ -250,7 +263,7 @@ class Limiter:
         if served and (rec.prompt_tokens is not None or rec.completion_tokens):
             estimate = rec.prompt_tokens_est or 0
             used = (rec.prompt_tokens or estimate) + (rec.completion_tokens or 0)
-            self.fair.charge(admission.tenant.name, used - estimate)
+            self.fair.charge(admission.share, used - estimate)
 
     def finish(self, admission: Admission, prompt: int | None, completion: int | None, served: bool) -> None:
         """End of a request (idempotent): its concurrency slot back, its tokens tallied and settled
