@@ -62,7 +62,7 @@ from taogate.proxy.upstream import Upstream, hop_limits
 from taogate.settings import ConfigError, Settings
 from taogate.tenancy.keys import KeyTable
 from taogate.tenancy.limiter import Limiter
-from taogate.tenancy.store import RedisStore
+from taogate.tenancy.store import LEASE_RENEW_S, RedisStore
 
 log = logging.getLogger("taogate.gateway")
 
@@ -236,6 +236,7 @@ class Gateway:
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.remeasure)
         bg.every(lambda: self.settings.dispatch.scrape_interval, self.scraper.scrape_all)
         bg.every(lambda: HISTORY_INTERVAL, self._record_history)
+        bg.every(lambda: LEASE_RENEW_S, self.limiter.renew)  # the shared max_concurrency's leases
 
     async def stop(self) -> None:
         """Stop taking work, give in-flight requests ``shutdown_timeout`` to finish, then close."""

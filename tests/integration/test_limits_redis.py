@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -16,10 +17,20 @@ from hypothesis import strategies as st
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
+from taogate.tenancy import store as store_module
 from taogate.tenancy.store import RedisStore
 from taogate.tenancy.window import hit, settle
 from tests.conftest import KEY, require_tool, wait_until
-from tests.integration.keys_helpers import SECRETS, RedisServer, chat_once, keyed_gateway, keyed_settings
+from tests.integration.keys_helpers import (
+    MODEL,
+    SECRETS,
+    RedisServer,
+    chat,
+    chat_once,
+    keyed_gateway,
+    keyed_settings,
+    sdk,
+)
 
 TEAM_A = {"name": "team-a", "key_env": "TEAM_A_KEY"}
 
@@ -174,3 +185,60 @@ async def test_a_hung_store_delays_no_request_past_the_store_timeout(redis_serve
             await asyncio.sleep(1.1)
             await chat_once(gw, SECRETS["TEAM_A_KEY"])
             await wait_until(lambda: gw.gateway.limiter.store_up, what="the store back")
+
+
+async def test_two_replicas_hold_one_max_concurrency_and_a_dead_replicas_leases_lapse(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_concurrency 2 across two replicas: with two streams open through one (renewed past their
+    leases' life), a request through the other is refused until one of them ends; leases left by a
+    replica that stopped lapse."""
+    monkeypatch.setattr(store_module, "LEASE_TTL_MS", 1_500)
+    messages: list[Any] = [{"role": "user", "content": "hello there"}]
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:  # 12 ms a step: 400 tokens take seconds
+        keys = [{**TEAM_A, "max_concurrency": 2}]
+        settings_ = keyed_settings(fleet.urls, keys, {"store": redis_server.url, "store_timeout": 1.0})
+        async with (
+            keyed_gateway(settings_) as a,
+            keyed_gateway(settings_) as b,
+            sdk(a, SECRETS["TEAM_A_KEY"]) as via_a,
+            sdk(b, SECRETS["TEAM_A_KEY"]) as via_b,
+        ):
+            streams = []
+            for _ in range(2):
+                stream = await via_a.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=400, stream=True
+                )
+                await anext(aiter(stream))  # the first chunk: the request is in flight
+                streams.append(stream)
+            for _ in range(5):  # past the leases' 1.5 s: renewed by their replica, so still held
+                await a.gateway.limiter.renew()
+                await asyncio.sleep(0.4)
+            with pytest.raises(openai.RateLimitError, match="in flight"):
+                await chat(via_b)
+            assert b.gateway.limiter.stats["team-a"].rejections == {"concurrency": 1}
+            await streams[0].close()  # a client that hangs up: its lease goes back
+            await wait_until(lambda: a.gateway.limiter.stats["team-a"].in_flight == 1, what="released")
+            for _ in range(50):  # bounded: the lease is removed just after the release
+                try:
+                    assert (await chat(via_b)).http_response.status_code == 200
+                    break
+                except openai.RateLimitError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the released lease was not given back")
+            await streams[1].close()
+            await wait_until(lambda: a.gateway.limiter.stats["team-a"].in_flight == 0, what="released")
+
+            # A replica that stopped while holding both leases: they lapse, never renewed.
+            stopped = RedisStore(redis_server.url, timeout=1.0)
+            for n in range(2):
+                took = await stopped.hit(
+                    "team-a", 60_000, rpm=0, tpm=0, cost=0, lease=f"stopped:{n}", max_concurrency=2
+                )
+                assert took.admitted
+            await stopped.aclose()
+            with pytest.raises(openai.RateLimitError, match="in flight"):
+                await chat(via_b)
+            await asyncio.sleep(1.6)
+            assert (await chat(via_b)).http_response.status_code == 200

@@ -2,8 +2,9 @@
 requests and tokens per window, and the ``x-ratelimit-*`` headers of every response of a limited key.
 
 A request reserves one request and its estimated tokens (prompt + ``max_tokens``) when admitted and
-holds one of its key's concurrency slots until ``release``, exactly once, on every exit path; its
-tokens are settled from usage then. When the shared store fails, ``on_store_error`` says what
+holds one of its key's concurrency slots until ``release``, exactly once, on every exit path (with
+a shared store, also a lease there that its replica renews: ``store``); its tokens are settled from
+usage then. When the shared store fails, ``on_store_error`` says what
 happens (admit, or 503); a failed store is tried again at most once a second, every call bounded by
 ``store_timeout``, so no request waits on a store longer than that.
 """
@@ -11,8 +12,10 @@ happens (admit, or 503); a failed store is tried again at most once a second, ev
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Callable, MutableMapping
+import os
+from collections.abc import Callable, Coroutine, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -61,6 +64,7 @@ class Admission:
     bucket: int | None = None  # where its tokens were reserved (None: nowhere)
     released: bool = False
     share: str = ""  # the fair-share counter it is charged to: its key's, or a flow's
+    lease: str = ""  # its lease of the key's max_concurrency in the shared store ("": none)
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,
@@ -71,6 +75,7 @@ class Admission:
         bucket: int | None = None,
         released: bool = False,
         share: str = "",
+        lease: str = "",
     ) -> None:
         self.tenant = tenant
         self.stats = stats
@@ -79,6 +84,17 @@ class Admission:
         self.bucket = bucket
         self.released = released
         self.share = share
+        self.lease = lease
+
+
+def _busy(tenant: Tenant) -> RateLimited:
+    return RateLimited(
+        f"Too many requests in flight for key {tenant.name}: Limit {tenant.max_concurrency} at once. "
+        "Please try again when one has finished.",
+        "requests",
+        1.0,
+        [],
+    )
 
 
 def _admitted(admission: Admission) -> Admission:
@@ -111,6 +127,10 @@ class Limiter:
         self._retry_at = 0.0
         self.stats: dict[str, KeyStats] = {t.name: KeyStats() for t in table}
         self._settling: set[asyncio.Task[None]] = set()
+        # The shared max_concurrency's leases this replica holds, by key: renewed until left.
+        self._replica = os.urandom(6).hex()
+        self._leases = itertools.count()
+        self._held: dict[str, set[str]] = {}
 
     def configure(self, table: KeyTable, limits: LimitsSettings) -> list[str]:
         """A reloaded key table; returns the names that went (their tallies go with them)."""
@@ -156,20 +176,29 @@ class Limiter:
         (a flow the gateway in front named)."""
         rec.key = tenant.name
         facts.tenant = flow or tenant.name
-        if tenant.rate_limited:
+        if self._counted(tenant):
             admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
         else:  # no window to count in: nothing to wait for
             admission = _admitted(self._admissible(tenant, model))
         admission.share = facts.tenant
         return admission
 
+    def _counted(self, tenant: Tenant) -> bool:
+        """Whether the key's request is counted in a store: its rate limits, or its concurrency
+        shared by the replicas."""
+        return tenant.rate_limited or (self.store is not None and tenant.max_concurrency is not None)
+
     async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
         """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
         admission = self._admissible(tenant, model)
-        if tenant.rate_limited:
+        if self._counted(tenant):
             stats = admission.stats
-            counts = await self._hit(tenant, stats, cost)
+            shared = self.store is not None and tenant.max_concurrency is not None
+            lease = f"{self._replica}:{next(self._leases)}" if shared else ""
+            counts = await self._hit(tenant, stats, cost, lease)
             if counts is not None:
+                if counts.busy:
+                    raise self.reject(stats, "concurrency", _busy(tenant))
                 stats.last = counts
                 window = self.limits.window
                 if not counts.admitted:
@@ -177,6 +206,9 @@ class Limiter:
                     raise self.reject(stats, refused.type, refused)
                 admission.headers = rate_headers(tenant, counts, window)
                 admission.reserved, admission.bucket = cost, counts.bucket
+                if lease:
+                    admission.lease = lease
+                    self._held.setdefault(tenant.name, set()).add(lease)
         return _admitted(admission)
 
     def _admissible(self, tenant: Tenant, model: str | None) -> Admission:
@@ -196,20 +228,10 @@ class Limiter:
                 ),
             )
         if tenant.max_concurrency is not None and stats.in_flight >= tenant.max_concurrency:
-            raise self.reject(
-                stats,
-                "concurrency",
-                RateLimited(
-                    f"Too many requests in flight for key {tenant.name}: Limit {tenant.max_concurrency} "
-                    "at once. Please try again when one has finished.",
-                    "requests",
-                    1.0,
-                    [],
-                ),
-            )
+            raise self.reject(stats, "concurrency", _busy(tenant))
         return Admission(tenant, stats, [], share=tenant.name)
 
-    async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int) -> Counts | None:
+    async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int, lease: str) -> Counts | None:
         window_ms = max(1, round(self.limits.window * 1000))
         rpm, tpm = tenant.requests_per_minute or 0, tenant.tokens_per_minute or 0
         if self.store is None:
@@ -218,7 +240,15 @@ class Limiter:
         if self.store_up or now >= self._retry_at:
             try:
                 async with asyncio.timeout(self.limits.store_timeout):
-                    counts = await self.store.hit(tenant.name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
+                    counts = await self.store.hit(
+                        tenant.name,
+                        window_ms,
+                        rpm=rpm,
+                        tpm=tpm,
+                        cost=cost,
+                        lease=lease,
+                        max_concurrency=(tenant.max_concurrency or 0) if lease else 0,
+                    )
             except STORE_ERRORS as exc:
                 self._failed(exc, now)
             else:
@@ -271,6 +301,8 @@ class Limiter:
         if admission.released:
             return
         admission.released = True
+        if admission.lease:
+            self._leave(admission.tenant.name, admission.lease)
         stats = admission.stats
         stats.in_flight -= 1
         stats.prompt_tokens += prompt or 0
@@ -290,15 +322,36 @@ class Limiter:
         if self.store is None:
             self.local.settle_now(name, admission.bucket, delta)
         elif self.store_up:
-            task = asyncio.get_running_loop().create_task(self._settle(name, admission.bucket, delta))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+            self._later(self.store.settle(name, admission.bucket, delta))
 
-    async def _settle(self, name: str, bucket: int, delta: int) -> None:
-        assert self.store is not None
+    def _leave(self, name: str, lease: str) -> None:
+        """The request's shared lease given back (if the store fails, it lapses on its own)."""
+        held = self._held.get(name)
+        if held is not None:
+            held.discard(lease)
+            if not held:
+                del self._held[name]
+        if self.store is not None and self.store_up:
+            self._later(self.store.leave(name, lease))
+
+    async def renew(self) -> None:
+        """Every lease this replica holds renewed, so only a stopped replica's lapse (the gateway
+        calls it every ``LEASE_RENEW_S``)."""
+        if self.store is not None and self.store_up:
+            for name, held in list(self._held.items()):
+                await self._call(self.store.renew(name, sorted(held)))
+
+    def _later(self, call: Coroutine[Any, Any, None]) -> None:
+        """A store call the request does not wait for (kept until done, as asyncio asks)."""
+        task = asyncio.get_running_loop().create_task(self._call(call))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _call(self, call: Coroutine[Any, Any, None]) -> None:
+        """One store call, bounded by ``store_timeout``; its failure is the store's."""
         try:
             async with asyncio.timeout(self.limits.store_timeout):
-                await self.store.settle(name, bucket, delta)
+                await call
         except STORE_ERRORS as exc:
             self._failed(exc, self._clock())
 

@@ -3,6 +3,11 @@
 Both run the same check (``window.hit``): in Redis as one Lua script, so a check and its count are
 one atomic round trip, timed by the Redis server's clock (replicas need not agree on the time). A
 key's counters are one small hash that expires two windows after its last use.
+
+In Redis the same round trip also holds ``max_concurrency`` across replicas: each admitted request
+is a lease in a sorted set of the key, scored by when it lapses. Its replica renews its leases
+(``renew``) and removes each at the request's end (``leave``); a replica that dies leaves leases
+that lapse ``LEASE_TTL_MS`` later. In this process the key's own in-flight count holds it.
 """
 
 from __future__ import annotations
@@ -13,10 +18,17 @@ import redis.asyncio as redis
 
 from taogate.tenancy.window import Counts, State, hit, settle
 
-__all__ = ["HIT_SCRIPT", "LocalStore", "RedisStore", "Store"]
+__all__ = ["HIT_SCRIPT", "LEASE_RENEW_S", "LEASE_TTL_MS", "LocalStore", "RedisStore", "Store"]
 
-#: ``window.hit`` in Lua. KEYS[1]: the key's hash; ARGV: window ms, rpm, tpm, cost (0: no limit),
-#: and now in ms ('' for the server's clock). Returns admitted, the four counts, bucket, now.
+#: A lease of the shared ``max_concurrency`` lapses this long after it was taken or last renewed;
+#: its replica renews it every ``LEASE_RENEW_S``, so two renewals may fail before it lapses.
+LEASE_TTL_MS = 30_000
+LEASE_RENEW_S = 10.0
+
+#: ``window.hit`` in Lua. KEYS[1]: the key's hash, KEYS[2]: its leases; ARGV: window ms, rpm, tpm,
+#: cost (0: no limit), now in ms ('' for the server's clock), max concurrency (0: none), the
+#: lease's name and how long it lasts. Returns admitted (2: refused, the leases are all taken),
+#: the four counts, bucket, now.
 HIT_SCRIPT = """
 local window = tonumber(ARGV[1])
 local now = tonumber(ARGV[5])
@@ -36,6 +48,13 @@ elseif bucket > b + 1 then
   rp, rc, tp, tc = 0, 0, 0, 0
 end
 b = math.max(bucket, b)
+local maxc = tonumber(ARGV[6]) or 0
+if maxc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZCARD', KEYS[2]) >= maxc then
+    return {2, rp, rc, tp, tc, b, now}
+  end
+end
 local rpm, tpm, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ok = 1
 if rpm > 0 and rp * (1 - frac) + rc + 1 > rpm then ok = 0 end
@@ -46,7 +65,24 @@ if ok == 1 then
 end
 redis.call('HSET', KEYS[1], 'b', b, 'rp', rp, 'rc', rc, 'tp', tp, 'tc', tc)
 redis.call('PEXPIRE', KEYS[1], window * 2)
+if ok == 1 and maxc > 0 then
+  local ttl = tonumber(ARGV[8])
+  redis.call('ZADD', KEYS[2], now + ttl, ARGV[7])
+  redis.call('PEXPIRE', KEYS[2], ttl * 2)
+end
 return {ok, rp, rc, tp, tc, b, now}
+"""
+
+#: Leases renewed: KEYS[1] a key's leases; ARGV: how long they last, then the names (those gone,
+#: lapsed or removed, are not brought back).
+RENEW_SCRIPT = """
+local t = redis.call('TIME')
+local until_ = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', until_, ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
+return 1
 """
 
 #: ``window.settle`` in Lua. KEYS[1]: the key's hash; ARGV: the reserving bucket, the correction.
@@ -62,7 +98,21 @@ return 1
 
 
 class Store(Protocol):
-    async def hit(self, name: str, window_ms: int, *, rpm: int, tpm: int, cost: int) -> Counts: ...
+    async def hit(
+        self,
+        name: str,
+        window_ms: int,
+        *,
+        rpm: int,
+        tpm: int,
+        cost: int,
+        lease: str = "",
+        max_concurrency: int = 0,
+    ) -> Counts: ...
+
+    async def renew(self, name: str, leases: list[str]) -> None: ...
+
+    async def leave(self, name: str, lease: str) -> None: ...
 
     async def settle(self, name: str, bucket: int, delta: int) -> None: ...
 
@@ -82,8 +132,25 @@ class LocalStore:
         self._states[name] = state
         return counts
 
-    async def hit(self, name: str, window_ms: int, *, rpm: int, tpm: int, cost: int) -> Counts:
+    async def hit(
+        self,
+        name: str,
+        window_ms: int,
+        *,
+        rpm: int,
+        tpm: int,
+        cost: int,
+        lease: str = "",
+        max_concurrency: int = 0,
+    ) -> Counts:
+        """The window's check; the concurrency is the limiter's in-flight count here."""
         return self.hit_now(name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
+
+    async def renew(self, name: str, leases: list[str]) -> None:
+        return None
+
+    async def leave(self, name: str, lease: str) -> None:
+        return None
 
     def state(self, name: str) -> State | None:
         return self._states.get(name)
@@ -114,18 +181,40 @@ class RedisStore:
         )
         self._hit = self._client.register_script(HIT_SCRIPT)
         self._settle = self._client.register_script(SETTLE_SCRIPT)
+        self._renew = self._client.register_script(RENEW_SCRIPT)
         self._prefix = prefix
 
     def _key(self, name: str) -> str:
         return f"{self._prefix}{{{name}}}"  # the name as hash tag: one slot per key in a cluster
 
+    def _leases(self, name: str) -> str:
+        return f"{self._prefix}{{{name}}}:leases"
+
     async def hit(
-        self, name: str, window_ms: int, *, rpm: int, tpm: int, cost: int, now_ms: int | None = None
+        self,
+        name: str,
+        window_ms: int,
+        *,
+        rpm: int,
+        tpm: int,
+        cost: int,
+        lease: str = "",
+        max_concurrency: int = 0,
+        now_ms: int | None = None,
     ) -> Counts:
+        """The window's check and, with ``max_concurrency``, the lease ``lease`` taken if it fits."""
         now = "" if now_ms is None else str(now_ms)
-        got = await self._hit(keys=[self._key(name)], args=[window_ms, rpm, tpm, cost, now])
-        ok, rp, rc, tp, tc, bucket, at = (int(v) for v in got)
-        return Counts(bool(ok), rp, rc, tp, tc, bucket, (at - bucket * window_ms) / window_ms)
+        keys = [self._key(name), self._leases(name)]
+        args: list[str | int] = [window_ms, rpm, tpm, cost, now, max_concurrency, lease, LEASE_TTL_MS]
+        ok, rp, rc, tp, tc, bucket, at = (int(v) for v in await self._hit(keys=keys, args=args))
+        frac = (at - bucket * window_ms) / window_ms
+        return Counts(ok == 1, rp, rc, tp, tc, bucket, frac, busy=ok == 2)
+
+    async def renew(self, name: str, leases: list[str]) -> None:
+        await self._renew(keys=[self._leases(name)], args=[LEASE_TTL_MS, *leases])
+
+    async def leave(self, name: str, lease: str) -> None:
+        await self._client.zrem(self._leases(name), lease)
 
     async def settle(self, name: str, bucket: int, delta: int) -> None:
         await self._settle(keys=[self._key(name)], args=[bucket, delta])

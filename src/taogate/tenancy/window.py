@@ -46,6 +46,7 @@ class Counts:
     tok_cur: int
     bucket: int  # where the tokens were reserved: settle there
     frac: float  # the share of the current bucket gone by
+    busy: bool = False  # refused first: the key's requests in flight, all replicas', are at its max
 
 
 def used(prev: float, cur: float, frac: float) -> float:
