@@ -4,9 +4,9 @@ requests and tokens per window, and the ``x-ratelimit-*`` headers of every respo
 A request reserves one request and its estimated tokens (prompt + ``max_tokens``) when admitted and
 holds one of its key's concurrency slots until ``release``, exactly once, on every exit path (with
 a shared store, also a lease there that its replica renews: ``store``); its tokens are settled from
-usage then. When the shared store fails, ``on_store_error`` says what
-happens (admit, or 503); a failed store is tried again at most once a second, every call bounded by
-``store_timeout``, so no request waits on a store longer than that.
+usage then. When the shared store fails, ``on_store_error`` says what happens (admit, or 503); a
+failed store is tried again at most once a second, every call bounded by ``store_timeout``, so no
+request waits on a store longer than that.
 """
 
 from __future__ import annotations
