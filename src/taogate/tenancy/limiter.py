@@ -126,7 +126,7 @@ class Limiter:
         self.store_up = True
         self._retry_at = 0.0
         self.stats: dict[str, KeyStats] = {t.name: KeyStats() for t in table}
-        self._settling: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[None]] = set()  # store calls no request waits for
         # The shared max_concurrency's leases this replica holds, by key: renewed until left.
         self._replica = os.urandom(6).hex()
         self._leases = itertools.count()
@@ -344,8 +344,8 @@ class Limiter:
     def _later(self, call: Coroutine[Any, Any, None]) -> None:
         """A store call the request does not wait for (kept until done, as asyncio asks)."""
         task = asyncio.get_running_loop().create_task(self._call(call))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _call(self, call: Coroutine[Any, Any, None]) -> None:
         """One store call, bounded by ``store_timeout``; its failure is the store's."""
@@ -399,7 +399,7 @@ class Limiter:
         }
 
     async def aclose(self) -> None:
-        for task in list(self._settling):
+        for task in list(self._pending):
             task.cancel()
         if self.store is not None:
             await self.store.aclose()
