@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import math
 import signal
@@ -19,8 +18,8 @@ import uvicorn
 from rich.markup import escape
 
 from taogate import __version__
-from taogate.admin_client import AdminError, admin_call
 from taogate.build import BUILD
+from taogate.cli_settings import ClientOpt, ConfigOpt, default_config, load
 from taogate.config_files import load_settings, redacted_dump
 from taogate.dispatch.types import STRATEGIES
 from taogate.observe.logs import (
@@ -40,30 +39,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="config.toml (default: ./config.toml when it exists)."),
-]
-ClientOpt = Annotated[
-    Path | None,
-    typer.Option("--settings", help="settings.json for the instance list (default: next to config.toml)."),
-]
-
-
-def _default_config(config: Path | None) -> Path | None:
-    if config is not None:
-        return config
-    here = Path("config.toml")
-    return here if here.exists() else None
-
-
-def _load(config: Path | None, client: Path | None, overrides: dict[str, Any]) -> Settings:
-    try:
-        return load_settings(_default_config(config), client, overrides)
-    except ConfigError as exc:
-        typer.echo(f"taogate: {exc}", err=True)
-        raise typer.Exit(2) from None
 
 
 def _print_version(value: bool) -> None:
@@ -123,8 +98,8 @@ def serve(
         overrides["gateway"] = gw
     if dp:
         overrides["dispatch"] = dp
-    cfg_path = _default_config(config)
-    settings = _load(cfg_path, client_settings, overrides)
+    cfg_path = default_config(config)
+    settings = load(cfg_path, client_settings, overrides)
     access = setup_logging(settings.gateway.log_level)
     try:
         settings.api_key()
@@ -204,8 +179,8 @@ def pick(
         )
         raise typer.Exit(2) from None
     overrides: dict[str, Any] = {"gateway": {"host": host}} if host is not None else {}
-    cfg_path = _default_config(config)
-    settings = _load(cfg_path, client_settings, overrides)
+    cfg_path = default_config(config)
+    settings = load(cfg_path, client_settings, overrides)
     access = setup_logging(settings.gateway.log_level)
     try:
         settings.api_key()  # the admin API's key too, with or without the check on requests
@@ -247,7 +222,7 @@ def pick(
 @app.command("check-config")
 def check_config(config: ConfigOpt = None, client_settings: ClientOpt = None) -> None:
     """Validate the config and print the effective values as TOML (secrets are never in it)."""
-    settings = _load(config, client_settings, {})
+    settings = load(config, client_settings, {})
     for warning in settings.warnings():
         typer.echo(f"# warning: {warning}", err=True)
     try:
@@ -274,123 +249,13 @@ def init(
         typer.echo(f"wrote {target}")
 
 
-UrlOpt = Annotated[
-    str | None, typer.Option("--url", help=escape("Gateway URL (default: from [gateway] host and port)."))
-]
-NameArg = Annotated[
-    str, typer.Argument(help="Instance name, as status shows it: its configured name, else host:port.")
-]
-KeyOpt = Annotated[
-    str | None, typer.Option("--key", help="Admin key (default: the env var named by the config).")
-]
-
-
-def _admin(config: Path | None, url: str | None, key: str | None) -> tuple[str, str]:
-    settings = _load(config, None, {})
-    if url is None:
-        host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
-        url = f"http://{host}:{settings.gateway.port}"
-    if key is None:
-        try:
-            key = settings.admin_key()
-        except ConfigError as exc:
-            typer.echo(f"taogate: {exc}", err=True)
-            raise typer.Exit(2) from None
-    return url.rstrip("/"), key
-
-
-def _call(method: str, url: str, key: str) -> Any:
-    try:
-        return admin_call(method, url, key)
-    except AdminError as exc:
-        typer.echo(f"taogate: {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
-
-
-@app.command()
-def status(
-    config: ConfigOpt = None,
-    url: UrlOpt = None,
-    key: KeyOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
-    watch: Annotated[
-        bool, typer.Option("--watch", "-w", help="Keep the view live, redrawn in place (Ctrl-C stops).")
-    ] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.", min=0.2)] = 1.0,
-) -> None:
-    """Every instance side by side: health, queues, engine state, last-minute TTFT, speed, verdict.
-    Columns that do not fit the terminal are left out, least important first."""
-    base, secret = _admin(config, url, key)
-    if watch and as_json:
-        typer.echo("taogate: --watch and --json do not go together", err=True)
-        raise typer.Exit(2)
-    from rich.console import Console
-
-    from taogate.observe.console import status_view
-    from taogate.observe.console import watch as watch_status
-
-    def fetch() -> Any:
-        try:
-            return admin_call("GET", base + "/admin/instances", secret)
-        except AdminError as exc:
-            if exc.exit_code != 3:  # refused: the watch ends
-                raise
-            return str(exc)  # unreachable: said, and retried
-
-    console = Console()
-    if watch:
-        try:
-            watch_status(fetch, base, console, interval=interval)
-        except AdminError as exc:
-            typer.echo(f"taogate: {exc}", err=True)
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            return
-    data = _call("GET", base + "/admin/instances", secret)
-    if as_json:
-        typer.echo(json.dumps(data, indent=2))
-        return
-    console.print(status_view(data, base, console.width))
-
-
-@app.command()
-def drain(
-    name: NameArg,
-    config: ConfigOpt = None,
-    url: UrlOpt = None,
-    key: KeyOpt = None,
-) -> None:
-    """Stop sending new work to an instance; its in-flight requests finish (rolling restarts)."""
-    _instance_action(name, "drain", config, url, key)
-
-
-@app.command()
-def undrain(
-    name: NameArg,
-    config: ConfigOpt = None,
-    url: UrlOpt = None,
-    key: KeyOpt = None,
-) -> None:
-    """Let a drained instance take work again."""
-    _instance_action(name, "undrain", config, url, key)
-
-
-def _instance_action(name: str, action: str, config: Path | None, url: str | None, key: str | None) -> None:
-    base, secret = _admin(config, url, key)
-    typer.echo(json.dumps(_call("POST", f"{base}/admin/instances/{name}/{action}", secret)))
-
-
-@app.command()
-def reload(config: ConfigOpt = None, url: UrlOpt = None, key: KeyOpt = None) -> None:
-    """Ask a running gateway to re-read its config files (like SIGHUP)."""
-    base, secret = _admin(config, url, key)
-    typer.echo(json.dumps(_call("POST", f"{base}/admin/reload", secret)))
-
-
 def _register_optional_commands() -> None:
+    from taogate.admin_commands import drain, reload, status, undrain
     from taogate.bench.cli import bench, demo, diagnose
     from taogate.emulator.cli import emulate
 
+    for command in (status, drain, undrain, reload):
+        app.command()(command)
     app.command("emulate")(emulate)
     app.command("bench")(bench)
     app.command("diagnose")(diagnose)
