@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from taogate.dispatch.speed_params import (
     MIN_BASE_SAMPLES,
-    MIN_PACE_SAMPLES,
     _dispatch_base,
     _median_without,
     derive,
@@ -35,22 +34,6 @@ def _unknown_tpot(
     return median * min(4.0, max(1.0, factor))
 
 
-def _pace(name: str, states: Mapping[str, State], speeds: Mapping[str, float], prior: float) -> float:
-    state = states[name]
-    if state.tpot_n >= MIN_PACE_SAMPLES:
-        return state.tpot
-    if state.tpot_n == 0:
-        return _unknown_tpot(name, states, speeds, fleet_median(states, _known_pace, prior))
-    others = [s.tpot for n, s in states.items() if n != name and s.tpot_n > 0]
-    return min(
-        state.tpot, _unknown_tpot(name, states, speeds, statistics.median(others) if others else prior)
-    )
-
-
-def _known_pace(state: State) -> float | None:
-    return state.tpot if state.tpot_n > 0 else None
-
-
 def _derive_per_instance(
     states: Mapping[str, State], *, nominal: float, fast_cap: float, base_prior: float, tpot_prior: float
 ) -> tuple[float, dict[str, float], dict[str, tuple[float, float, float]]]:
@@ -71,8 +54,13 @@ def _derive_per_instance(
             factor = min(1.0, max(0.25, statistics.median(others) / own))
             speeds[name] *= factor ** (1.0 - s.evidence)
     base_median = fleet_median(states, lambda s: s.base if s.base_n > 0 else None, base_prior)
+    tpot_median = fleet_median(states, lambda s: s.tpot if s.tpot_n > 0 else None, tpot_prior)
     params = {
-        name: (speeds[name], _dispatch_base(s, base_median), _pace(name, states, speeds, tpot_prior))
+        name: (
+            speeds[name],
+            _dispatch_base(s, base_median),
+            s.tpot if s.tpot_n > 0 else _unknown_tpot(name, states, speeds, tpot_median),
+        )
         for name, s in states.items()
     }
     return unit, speeds, params
@@ -87,7 +75,7 @@ def _state(draw: st.DrawFn) -> State:
     )
     state.evidence = draw(st.sampled_from([0.0, 0.0, 0.3, 1.0, 5.0]))
     state.base_n = draw(st.integers(0, 5))
-    state.tpot_n = draw(st.integers(0, 4))
+    state.tpot_n = draw(st.integers(0, 2))
     state.guessed = draw(st.booleans())
     state.engine = draw(st.booleans())
     return state

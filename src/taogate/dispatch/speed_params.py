@@ -14,9 +14,7 @@ every instance's learned ``State`` at once (``SpeedEstimator`` keeps the states 
   instance dispatch avoids teaches nothing more.
 * **Decode pace.** Until an instance has a decode sample: the fleet's median, scaled up (at most
   4×) by how much slower its prefill speed or fixed latency has shown it to be: a card whose every
-  engine step is slower decodes slower too. Until it has a few samples, it counts no higher than
-  that, with the others' median: a newcomer whose first windows read slow would draw no work, so
-  no sample would correct it.
+  engine step is slower decodes slower too.
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ from dataclasses import dataclass
 
 from .speed_state import State
 
-__all__ = ["MIN_BASE_SAMPLES", "MIN_PACE_SAMPLES", "Derived", "derive", "fleet_median"]
+__all__ = ["MIN_BASE_SAMPLES", "Derived", "derive", "fleet_median"]
 
 #: Small-work samples before an instance's fixed latency is compared with the others'.
 MIN_BASE_SAMPLES = 3
-#: Decode-pace samples before an instance's own pace may count above the others'.
-MIN_PACE_SAMPLES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,23 +69,18 @@ def _median(ordered: list[float]) -> float:
     return (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def _tpots(
-    states: Mapping[str, State], speeds: Mapping[str, float], known: list[float], prior: float
-) -> dict[str, float]:
-    """Each instance's decode pace: its own once it has ``MIN_PACE_SAMPLES``; before any, the
-    fleet's median (of the sorted ``known`` paces, else ``prior``) scaled up (at most 4x) by how
-    much slower its speed or its fixed latency is than the others' medians; between, its own, no
-    higher than the others' median so scaled (the module docstring). The others' medians come
-    from one sorted list each, less the instance's own entry (``_median_without``): the same
-    values as sorting the others anew."""
-    median = _median(known) if known else prior
+def _tpots(states: Mapping[str, State], speeds: Mapping[str, float], median: float) -> dict[str, float]:
+    """Each instance's decode pace: its own once it has a sample, else the fleet's ``median``
+    scaled up (at most 4x) by how much slower its speed or its fixed latency is than the others'
+    medians (the module docstring). The others' medians come from one sorted list each, less the
+    instance's own entry (``_median_without``): the same values as sorting the others anew."""
     rel = {n: speeds[n] / st.weight for n, st in states.items() if st.evidence > 0}
     rel_sorted = sorted(rel.values())
     based = {n: st.base for n, st in states.items() if st.base_n >= MIN_BASE_SAMPLES}
     based_sorted = sorted(based.values())
     out: dict[str, float] = {}
     for name, state in states.items():
-        if state.tpot_n >= MIN_PACE_SAMPLES:
+        if state.tpot_n > 0:
             out[name] = state.tpot
             continue
         factor = 1.0
@@ -100,12 +91,7 @@ def _tpots(
         n_others = len(based_sorted) - (1 if name in based else 0)
         if state.base_n >= MIN_BASE_SAMPLES and state.base > 0 and n_others > 0:
             factor = max(factor, state.base / _median_without(based_sorted, based_sorted.index(state.base)))
-        scale = min(4.0, max(1.0, factor))
-        if state.tpot_n > 0:
-            others = _median_without(known, known.index(state.tpot)) if len(known) > 1 else prior
-            out[name] = min(state.tpot, others * scale)
-        else:
-            out[name] = median * scale
+        out[name] = median * min(4.0, max(1.0, factor))
     return out
 
 
@@ -138,7 +124,8 @@ def derive(
     known_bases = sorted(st.base for st in states.values() if st.base_n > 0)
     base_median = _median(known_bases) if known_bases else base_prior
     known_tpots = sorted(st.tpot for st in states.values() if st.tpot_n > 0)
-    tpots = _tpots(states, speeds, known_tpots, tpot_prior)
+    tpot_median = _median(known_tpots) if known_tpots else tpot_prior
+    tpots = _tpots(states, speeds, tpot_median)
     params = {
         name: (speeds[name], _dispatch_base(st, base_median), tpots[name]) for name, st in states.items()
     }
