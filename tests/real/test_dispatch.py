@@ -45,8 +45,12 @@ async def test_the_fast_card_gets_most_of_the_work_and_the_slow_one_is_flagged(
         flagged = time.monotonic() - started
         async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
             text = (await http.get(gw.url + "/metrics")).text
-    learned = {n: (r["speed"], r["speed_samples"], r["relative_speed"], r["slow"]) for n, r in rows.items()}
-    report(f"{kind}: learned (speed, samples, relative, slow) {learned}; {flagged:.1f} s after start")
+    learned = {
+        n: (r["speed"], r["speed_samples"], r["relative_speed"], r["slow"], r["decode_seconds_per_token"])
+        for n, r in rows.items()
+    }
+    what = "(speed, samples, relative, slow, decode pace)"
+    report(f"{kind}: learned {what} {learned}; {flagged:.1f} s after start")
     assert share >= 0.8, (served, learned)
     assert rows["slow"]["slow"], (learned, caplog.text[-3000:])
     assert re.search(r'^taogate_instance_slow\{instance="slow"\} 1\.0$', text, re.M)

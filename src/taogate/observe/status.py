@@ -100,6 +100,9 @@ def status_rows(fleet: Fleet, now: float) -> list[dict[str, Any]]:
                 "ttft_p99": _round(minute.ttft_p99),
                 "speed": round(speeds.speed(inst.name), 1),
                 "speed_samples": speeds.samples(inst.name),
+                # what dispatch prices one output token and the fixed wait at here (seconds)
+                "decode_seconds_per_token": _round(speeds.decode_seconds_per_token(inst.name), 5),
+                "base_latency": _round(speeds.base_latency(inst.name), 4),
                 "relative_speed": round(relative, 3),
                 "slow": slow,
                 "state": state(inst, now, slow),
