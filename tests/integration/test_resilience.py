@@ -29,18 +29,20 @@ def fleet(n: int, **kw: Any) -> list[EmulatorConfig]:
     return [EmulatorConfig(seed=i, step_overhead=0.002, **kw) for i in range(n)]
 
 
-def body(i: int, stream: bool = False, max_tokens: int = 2) -> dict[str, Any]:
-    return {"model": MODEL, "prompt": f"request {i} hello", "max_tokens": max_tokens, "stream": stream}
+def body(i: int, stream: bool = False, max_tokens: int = 2, words: int = 0) -> dict[str, Any]:
+    """Request ``i``: a tiny prompt, or one of about ``words`` more tokens (unique from its start)."""
+    prompt = f"request {i} hello" + " word" * words
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
 
 
-async def run_load(gw: Running, n: int, concurrency: int, stream: bool = False) -> list[int]:
+async def run_load(gw: Running, n: int, concurrency: int, stream: bool = False, words: int = 0) -> list[int]:
     sem = asyncio.Semaphore(concurrency)
 
     async def one(h: httpx.AsyncClient, i: int) -> int:
         async with sem:
             if not stream:
-                return (await h.post(gw.api_base + "/completions", json=body(i))).status_code
-            async with h.stream("POST", gw.api_base + "/completions", json=body(i, True)) as r:
+                return (await h.post(gw.api_base + "/completions", json=body(i, words=words))).status_code
+            async with h.stream("POST", gw.api_base + "/completions", json=body(i, True, words=words)) as r:
                 data = b"".join([c async for c in r.aiter_bytes()])
                 return r.status_code if data.endswith(b"data: [DONE]\n\n") and b'"error"' not in data else 599
 
@@ -67,8 +69,10 @@ async def test_a_hung_instance_is_failed_over_then_ejected(gateway_factory: Gate
     async with gateway_factory(fleet(3), gateway={"request_timeout": 0.5}, dispatch=dispatch) as gw:
         gw.fleet.instances[0].faults.hang = True
         statuses: list[int] = []
-        for _ in range(6):  # rounds: each starts with i0 idle, so it is tried until the breaker opens
-            statuses += await run_load(gw, 6, 3)
+        # Rounds of long prompts: each starts with i0 idle, and the prefill queued at the others
+        # (not a few milliseconds' difference of learned pace) makes it tried until the breaker opens.
+        for _ in range(6):
+            statuses += await run_load(gw, 6, 3, words=2000)
         assert statuses == [200] * 36
         i0 = gw.gateway.fleet.get("i0")
         assert i0.breaker.state(gw.gateway.clock()).value == "open"
