@@ -405,6 +405,20 @@ def test_decode_pace_before_any_sample_follows_the_fixed_latency() -> None:
     assert quick.decode_seconds_per_token("c") == pytest.approx(0.02)  # never scaled down
 
 
+def test_a_newcomers_first_decode_window_moves_the_fleets_pace_not_the_prior() -> None:
+    """The configured prior (0.02 s/token) may be far from this fleet's pace: a first window that
+    read slow under load would then price a newcomer several times above the others, and an
+    instance dispatch avoids is never read again."""
+    est = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02, rebuild_every=0)
+    window = {"requests": 20.0, "prefill_seconds": 0.001, "computed_tokens": 8.0}
+    for _ in range(30):
+        est.observe_engine("old", **window, decode_seconds_per_token=0.003)
+    assert est.decode_seconds_per_token("new") == pytest.approx(0.003, rel=0.01)
+    est.observe_engine("new", **{**window, "requests": 2.0}, decode_seconds_per_token=0.01)
+    step = 1.0 - 0.8**2
+    assert est.decode_seconds_per_token("new") == pytest.approx(0.003 + step * (0.01 - 0.003), rel=0.01)
+
+
 def test_one_stalled_first_answer_does_not_make_a_newcomer_look_slow() -> None:
     est = SpeedEstimator(10_000.0, rebuild_every=0)
     for _ in range(5):
