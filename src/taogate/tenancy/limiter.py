@@ -176,40 +176,40 @@ class Limiter:
         (a flow the gateway in front named)."""
         rec.key = tenant.name
         facts.tenant = flow or tenant.name
-        if self._counted(tenant):
-            admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
-        else:  # no window to count in: nothing to wait for
-            admission = _admitted(self._admissible(tenant, model))
+        admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
         admission.share = facts.tenant
         return admission
 
-    def _counted(self, tenant: Tenant) -> bool:
-        """Whether the key's request is counted in a store: its rate limits, or its concurrency
-        shared by the replicas."""
-        return tenant.rate_limited or (self.store is not None and tenant.max_concurrency is not None)
-
     async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
-        """Admit one request of ``cost`` reserved tokens, or raise its refusal."""
+        """Admit one request of ``cost`` reserved tokens, or raise its refusal. It is counted in a
+        store for its key's rate limits or its concurrency shared by the replicas; a key with
+        neither has no window to wait for."""
         admission = self._admissible(tenant, model)
-        if self._counted(tenant):
-            stats = admission.stats
-            shared = self.store is not None and tenant.max_concurrency is not None
-            lease = f"{self._replica}:{next(self._leases)}" if shared else ""
-            counts = await self._hit(tenant, stats, cost, lease)
-            if counts is not None:
-                if counts.busy:
-                    raise self.reject(stats, "concurrency", _busy(tenant))
-                stats.last = counts
-                window = self.limits.window
-                if not counts.admitted:
-                    refused = refusal(tenant, counts, cost, window)
-                    raise self.reject(stats, refused.type, refused)
-                admission.headers = rate_headers(tenant, counts, window)
-                admission.reserved, admission.bucket = cost, counts.bucket
-                if lease:
-                    admission.lease = lease
-                    self._held.setdefault(tenant.name, set()).add(lease)
+        shared = self.store is not None and tenant.max_concurrency is not None
+        if tenant.rate_limited or shared:
+            await self._count(admission, cost, shared)
         return _admitted(admission)
+
+    async def _count(self, admission: Admission, cost: int, shared: bool) -> None:
+        """Count the request in its key's window (``shared``: with a lease on a concurrency slot
+        the replicas count together), or raise its refusal."""
+        tenant, stats = admission.tenant, admission.stats
+        lease = f"{self._replica}:{next(self._leases)}" if shared else ""
+        counts = await self._hit(tenant, stats, cost, lease)
+        if counts is None:  # the store is down and the limits fail open
+            return
+        if counts.busy:
+            raise self.reject(stats, "concurrency", _busy(tenant))
+        stats.last = counts
+        window = self.limits.window
+        if not counts.admitted:
+            refused = refusal(tenant, counts, cost, window)
+            raise self.reject(stats, refused.type, refused)
+        admission.headers = rate_headers(tenant, counts, window)
+        admission.reserved, admission.bucket = cost, counts.bucket
+        if lease:
+            admission.lease = lease
+            self._held.setdefault(tenant.name, set()).add(lease)
 
     def _admissible(self, tenant: Tenant, model: str | None) -> Admission:
         """The key's request before its rate limits (not counted yet), or the refusal for a model
