@@ -296,6 +296,29 @@ async def test_named_keys_are_held_to_their_limits_as_under_serve() -> None:
             assert stats["team-a"].rejections == {"concurrency": 1, "requests": 1}
 
 
+async def test_a_refusal_after_the_key_was_admitted_carries_its_rate_headers() -> None:
+    """As under ``serve``: a request counted against its key's window and then refused (here no
+    instance of the gateway's subset may take it) tells the client where its key stands."""
+    keys = [{"name": "team-a", "key_env": "TEAM_A_KEY", "requests_per_minute": 5}]
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(fleet.urls)
+        settings.keys = keys  # type: ignore[assignment]  # validated on assignment
+        async with (
+            serve_picker(settings, environ={**ENV, "TEAM_A_KEY": "team-a-secret"}) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+            nowhere = _metadata("envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset", [])
+            await talk.send(request_headers=_headers(_request(key="team-a-secret")), metadata_context=nowhere)
+            await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            refused = (await talk.read()).immediate_response
+            assert refused.status.code == 503
+            told = {h.header.key: h.header.raw_value for h in refused.headers.set_headers}
+            told_limit = (told["x-ratelimit-limit-requests"], told["x-ratelimit-remaining-requests"])
+            assert told_limit == (b"5", b"4")
+            assert running.app.gateway.limiter.stats["team-a"].in_flight == 0
+
+
 async def _answer(talk: Conversation) -> None:
     """The instance's whole answer, as the gateway relays it: the lease comes back."""
     await talk.send(response_headers=_headers([(":status", "200"), ("content-type", "application/json")]))

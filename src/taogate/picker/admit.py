@@ -10,7 +10,7 @@ a body for the gateway in front to send, instead of a request of our own.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from taogate.request_record import RequestRecord
 from taogate.tenancy import limiter
 from taogate.tenancy.keys import Tenant
 
-__all__ = ["FAIRNESS_ID", "Admission", "Answer", "Picked", "header_changes", "refused"]
+__all__ = ["FAIRNESS_ID", "Admission", "Answer", "Picked", "Refused", "header_changes", "refused"]
 
 #: The Inference Extension's header naming a request's flow for fair share, set by the gateway in
 #: front: read only where that gateway authenticates (a client's own claim is not trusted).
@@ -69,6 +69,15 @@ class Picked:
     body: bytes  # what goes upstream
     sent_at: float
     admitted: limiter.Admission  # its key's: held until the response ends
+
+
+class Refused(Exception):
+    """A refusal after the key was admitted: ``error``, answered with the key's ``headers``
+    (``x-ratelimit-*``), as ``serve`` answers it."""
+
+    def __init__(self, error: GatewayError, headers: Headers) -> None:
+        super().__init__(error.message)
+        self.error, self.headers = error, headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +176,13 @@ class Admission:
             )
             lease = await self._lease(facts, exclude, rec, subset is not None)
         except BaseException as exc:
-            if isinstance(exc, GatewayError):
-                refused(rec, exc)
+            if not isinstance(exc, GatewayError):
+                gw.limiter.release(admitted, rec)
+                raise
+            refused(rec, exc)  # before the release, which counts the refusal against the key
             gw.limiter.release(admitted, rec)
+            if admitted.headers:
+                raise Refused(exc, admitted.headers) from exc
             raise
         try:
             spec = lease.instance.spec
@@ -270,11 +283,15 @@ def route_method(headers: Headers) -> str:
     return method.decode("latin-1") if method else "POST"
 
 
-def error_answer(shape: Any, exc: GatewayError, rid: bytes | None = None) -> Answer:
-    """A gateway error in its route's shape (OpenAI's or Anthropic's), as ``serve`` renders it."""
+def error_answer(
+    shape: Any, exc: GatewayError, rid: bytes | None = None, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> Answer:
+    """A gateway error in its route's shape (OpenAI's or Anthropic's), as ``serve`` renders it;
+    ``extra``: its key's headers."""
     headers = [(k, v) for k, v in shape.headers(exc) if k not in HOP_BY_HOP]
     if rid is not None:
         headers.append((b"x-request-id", rid))
+    headers.extend(extra)
     return Answer(exc.status, headers, shape.body(exc))
 
 

@@ -17,7 +17,7 @@ Refusals (401, 404, 413, 429, 503...) are immediate responses in the route's err
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -25,7 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from taogate.errors import OPENAI_ERRORS, GatewayError, NoInstance, Unauthorized
 from taogate.gateway import Gateway
 from taogate.picker import encoding
-from taogate.picker.admit import Admission, Answer, error_answer, refused, route_method
+from taogate.picker.admit import Admission, Answer, Refused, error_answer, refused, route_method
 from taogate.picker.hints import served_endpoint, subset_hint
 from taogate.picker.tap import Tap
 from taogate.proxy.auth import header
@@ -179,6 +179,8 @@ class _Stream:
                 path=self._path,
                 tenant=self._tenant,
             )
+        except Refused as exc:
+            return [self._refuse(exc.error, exc.headers)]
         except GatewayError as exc:
             return [self._refuse(exc)]
         except Exception:  # a bug of ours: still an error in the route's shape, and a log line
@@ -194,13 +196,14 @@ class _Stream:
             answers.extend(encoding.body_chunks(picked.body, end=end))
         return answers
 
-    def _refuse(self, exc: GatewayError) -> Any:
-        """A refusal in the route's error shape, accounted and logged once as ``serve`` does."""
+    def _refuse(self, exc: GatewayError, extra: Sequence[tuple[bytes, bytes]] = ()) -> Any:
+        """A refusal in the route's error shape (``extra``: its key's headers), accounted and
+        logged once as ``serve`` does."""
         rec, route = self._rec, self._route
         assert rec is not None and route is not None
         refused(rec, exc)
         self._gateway.accounting.record(rec)
-        return self._immediate(error_answer(route.errors, exc, rec.request_id.encode()))
+        return self._immediate(error_answer(route.errors, exc, rec.request_id.encode(), extra))
 
     def _immediate(self, answer: Answer) -> Any:
         self.done = True
