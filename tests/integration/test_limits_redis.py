@@ -242,3 +242,44 @@ async def test_two_replicas_hold_one_max_concurrency_and_a_dead_replicas_leases_
                 await chat(via_b)
             await asyncio.sleep(1.6)
             assert (await chat(via_b)).http_response.status_code == 200
+
+
+async def test_leases_the_store_lost_while_down_are_added_back(redis_server: RedisServer) -> None:
+    """max_concurrency 1 across two replicas, its slot held through one; Redis restarts empty. That
+    replica's next renewal adds its lease back, so the other refuses until the request ends (it
+    would admit a second one otherwise)."""
+    messages: list[Any] = [{"role": "user", "content": "hello there"}]
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:  # 12 ms a step: 400 tokens take seconds
+        keys = [{**TEAM_A, "max_concurrency": 1}]
+        limits = {"store": redis_server.url, "store_timeout": 0.3, "on_store_error": "fail_closed"}
+        settings_ = keyed_settings(fleet.urls, keys, limits)
+        async with (
+            keyed_gateway(settings_) as a,
+            keyed_gateway(settings_) as b,
+            sdk(a, SECRETS["TEAM_A_KEY"]) as via_a,
+            sdk(b, SECRETS["TEAM_A_KEY"]) as via_b,
+        ):
+            stream = await via_a.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=400, stream=True
+            )
+            await anext(aiter(stream))  # the first chunk: the request is in flight
+            redis_server.kill()
+            await a.gateway.limiter.renew()  # the store is gone: its lease may be lost
+            assert not a.gateway.limiter.store_up
+            redis_server.start()  # empty
+            await asyncio.sleep(1.1)  # the failed store is tried again after a second
+            await a.gateway.limiter.renew()
+            assert a.gateway.limiter.store_up
+            for _ in range(3):  # bounded: b may find out the store restarted on its call (503)
+                try:
+                    await chat(via_b)
+                except openai.InternalServerError:
+                    await asyncio.sleep(1.1)
+                    continue
+                except openai.RateLimitError as exc:
+                    assert "in flight" in str(exc)
+                    break
+                raise AssertionError("admitted past max_concurrency: the lease was not added back")
+            else:
+                raise AssertionError("the store never answered the other replica")
+            await stream.close()

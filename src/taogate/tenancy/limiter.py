@@ -125,8 +125,9 @@ class Limiter:
         self.store = store  # shared counters; None: in this process
         self.store_up = True
         self._retry_at = 0.0
+        self._restore = False  # the next renewal adds back the leases the store lost
         self.stats: dict[str, KeyStats] = {t.name: KeyStats() for t in table}
-        self._pending: set[asyncio.Task[None]] = set()  # store calls no request waits for
+        self._pending: set[asyncio.Task[bool]] = set()  # store calls no request waits for
         # The shared max_concurrency's leases this replica holds, by key: renewed until left.
         self._replica = os.urandom(6).hex()
         self._leases = itertools.count()
@@ -252,9 +253,7 @@ class Limiter:
             except STORE_ERRORS as exc:
                 self._failed(exc, now)
             else:
-                if not self.store_up:
-                    log.warning("limits store is back: shared limits hold again")
-                    self.store_up = True
+                self._answered()
                 return counts
         if self.limits.on_store_error == "fail_open":
             return None
@@ -280,6 +279,13 @@ class Limiter:
             )
         self.store_up = False
         self._retry_at = now + STORE_RETRY
+        self._restore = True  # the leases held may lapse (or go with a restart) meanwhile
+
+    def _answered(self) -> None:
+        """The store answered: if it was down, say it is back."""
+        if not self.store_up:
+            log.warning("limits store is back: shared limits hold again")
+            self.store_up = True
 
     def release(self, admission: Admission | None, rec: RequestRecord) -> None:
         """The pipeline's last step, whatever the path: ``finish`` from the request's record, and
@@ -336,10 +342,17 @@ class Limiter:
 
     async def renew(self) -> None:
         """Every lease this replica holds renewed, so only a stopped replica's lapse (the gateway
-        calls it every ``LEASE_RENEW_S``)."""
-        if self.store is not None and self.store_up:
-            for name, held in list(self._held.items()):
-                await self._call(self.store.renew(name, sorted(held)))
+        calls it every ``LEASE_RENEW_S``). After the store was down, those it lost are added
+        again, or the replicas would admit past ``max_concurrency`` until these requests end (one
+        ending just then may leave its lease to lapse: a slot short for ``LEASE_TTL_MS`` at most)."""
+        store = self.store
+        if store is None or not self._held or not (self.store_up or self._clock() >= self._retry_at):
+            return
+        restore, self._restore = self._restore, False
+        for name, held in list(self._held.items()):
+            if not await self._call(store.renew(name, sorted(held), restore)):
+                return  # _failed: the next renewal restores
+        self._answered()
 
     def _later(self, call: Coroutine[Any, Any, None]) -> None:
         """A store call the request does not wait for (kept until done, as asyncio asks)."""
@@ -347,13 +360,15 @@ class Limiter:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _call(self, call: Coroutine[Any, Any, None]) -> None:
-        """One store call, bounded by ``store_timeout``; its failure is the store's."""
+    async def _call(self, call: Coroutine[Any, Any, None]) -> bool:
+        """One store call, bounded by ``store_timeout``; its failure is the store's (False)."""
         try:
             async with asyncio.timeout(self.limits.store_timeout):
                 await call
         except STORE_ERRORS as exc:
             self._failed(exc, self._clock())
+            return False
+        return True
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per key: its limits and what it used on this replica (GET /admin/keys)."""

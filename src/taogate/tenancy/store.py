@@ -73,13 +73,17 @@ end
 return {ok, rp, rc, tp, tc, b, now}
 """
 
-#: Leases renewed: KEYS[1] a key's leases; ARGV: how long they last, then the names (those gone,
-#: lapsed or removed, are not brought back).
+#: Leases renewed: KEYS[1] a key's leases; ARGV: how long they last, 1 to bring back those gone
+#: (after the store was down: lapsed, or lost with a restart) or 0 not to, then the names.
 RENEW_SCRIPT = """
 local t = redis.call('TIME')
 local until_ = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-for i = 2, #ARGV do
-  redis.call('ZADD', KEYS[1], 'XX', until_, ARGV[i])
+for i = 3, #ARGV do
+  if ARGV[2] == '1' then
+    redis.call('ZADD', KEYS[1], until_, ARGV[i])
+  else
+    redis.call('ZADD', KEYS[1], 'XX', until_, ARGV[i])
+  end
 end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
 return 1
@@ -110,7 +114,7 @@ class Store(Protocol):
         max_concurrency: int = 0,
     ) -> Counts: ...
 
-    async def renew(self, name: str, leases: list[str]) -> None: ...
+    async def renew(self, name: str, leases: list[str], restore: bool = False) -> None: ...
 
     async def leave(self, name: str, lease: str) -> None: ...
 
@@ -146,7 +150,7 @@ class LocalStore:
         """The window's check; the concurrency is the limiter's in-flight count here."""
         return self.hit_now(name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
 
-    async def renew(self, name: str, leases: list[str]) -> None:
+    async def renew(self, name: str, leases: list[str], restore: bool = False) -> None:
         return None
 
     async def leave(self, name: str, lease: str) -> None:
@@ -210,8 +214,9 @@ class RedisStore:
         frac = (at - bucket * window_ms) / window_ms
         return Counts(ok == 1, rp, rc, tp, tc, bucket, frac, busy=ok == 2)
 
-    async def renew(self, name: str, leases: list[str]) -> None:
-        await self._renew(keys=[self._leases(name)], args=[LEASE_TTL_MS, *leases])
+    async def renew(self, name: str, leases: list[str], restore: bool = False) -> None:
+        """``leases`` live ``LEASE_TTL_MS`` more; ``restore``: those gone are added again."""
+        await self._renew(keys=[self._leases(name)], args=[LEASE_TTL_MS, int(restore), *leases])
 
     async def leave(self, name: str, lease: str) -> None:
         await self._client.zrem(self._leases(name), lease)
