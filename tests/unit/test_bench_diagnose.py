@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from taogate.bench.diagnose import EXIT_CODES, Evidence, decide, peak_per_instance, too_long
+from taogate.bench.diagnose import EXIT_CODES, Evidence, decide, own_speeds, peak_per_instance, too_long
 from taogate.bench.report import Summary, summarize
 from taogate.bench.runner import Sample
 
@@ -44,6 +44,18 @@ def test_slow_probe_without_dispatch_gain_names_the_instance() -> None:
     v = decide(Evidence(run(PILED), run(PILED), 32, 8, SLOW_I2))
     assert v.kind == "slow" and v.instance == "i2" and v.exit_code == 2
     assert "i2" in v.headline
+
+
+def test_a_card_is_judged_by_its_best_try_as_a_busy_machine_only_slows_one() -> None:
+    # Seen on the real fast + slow pair (the slow card's prefill 4x slower): busy tries pulled the
+    # fast card's median down to 11.6k, within 0.6x of the slow card's 5.35k.
+    tries = {"fast": [5_730.0, 9_000.0, 11_615.0, 20_000.0, 28_381.0], "slow": [2_718.0, 5_350.0, 6_858.0]}
+    speeds = own_speeds({**tries, "down": []})
+    assert speeds == {"fast": 28_381.0, "slow": 6_858.0, "down": 0.0}
+    del speeds["down"]
+    v = decide(Evidence(run(EVEN), run(EVEN), 32, 8, speeds, probe_range={"fast": (5_730.0, 28_381.0)}))
+    assert v.kind == "slow" and v.instance == "slow"
+    assert any("fast 28,381 [5,730-28,381]" in line for line in v.evidence)
 
 
 def test_learned_relative_speed_is_used_when_there_is_no_probe() -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "Verdict",
     "decide",
     "diagnose",
+    "own_speeds",
     "peak_per_instance",
     "probe_speeds",
     "too_long",
@@ -58,7 +59,7 @@ class Evidence:
     lowered: Summary  # run B, the lowered cap
     cap: int
     low_cap: int
-    probe_speeds: Mapping[str, float] = field(default_factory=dict)  # own prefill tokens/s, alone
+    probe_speeds: Mapping[str, float] = field(default_factory=dict)  # own prefill tokens/s: best try
     relative_speed: Mapping[str, float] = field(default_factory=dict)  # the gateway's learned view
     cache_hit_rate: float = math.nan
     peak_per_instance: int | None = None  # most requests in flight on one instance in run A
@@ -78,23 +79,21 @@ class Verdict:
         return EXIT_CODES[self.kind]
 
 
-def _slowest(
-    speeds: Mapping[str, float], slow: float, ranges: Mapping[str, tuple[float, float]] | None = None
-) -> tuple[str, float] | None:
-    """The slowest instance and its speed relative to the median, if it is below ``slow`` and, with
-    the probes' ``ranges``, even its fastest try is below the midway between ``slow`` and the median
-    (a spread that reaches the others' says the machine was busy, not the card slow)."""
+def own_speeds(tries: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Each instance's own speed from its probes' tries: its best (0.0 without one). A busy machine
+    only slows a try, and no probe can hit the prefix cache, so the best is the least disturbed."""
+    return {name: max(speeds) if speeds else 0.0 for name, speeds in tries.items()}
+
+
+def _slowest(speeds: Mapping[str, float], slow: float) -> tuple[str, float] | None:
+    """The slowest instance and its speed relative to the median, if it is below ``slow``."""
     known = {k: v for k, v in speeds.items() if v > 0 and not math.isnan(v)}
     if len(known) < 2:
         return None
     median = statistics.median(known.values())
     name = min(known, key=lambda k: known[k])
     rel = known[name] / median
-    if rel >= slow:
-        return None
-    if ranges and name in ranges and ranges[name][1] / median >= (1 + slow) / 2:
-        return None
-    return name, rel
+    return (name, rel) if rel < slow else None
 
 
 def _run_line(tag: str, s: Summary) -> str:
@@ -127,7 +126,7 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
     if ev.probe_speeds:
         spread = ev.probe_range
         lines.append(
-            "own prefill speed, probed alone (tokens/s, median [slowest-fastest try]): "
+            "own prefill speed, probed alone (tokens/s, its best try [slowest-best]): "
             + ", ".join(
                 f"{k} {v:,.0f}" + (f" [{spread[k][0]:,.0f}-{spread[k][1]:,.0f}]" if k in spread else "")
                 for k, v in ev.probe_speeds.items()
@@ -153,10 +152,7 @@ def decide(ev: Evidence, *, drop: float = DROP, slow: float = SLOW) -> Verdict:
             f"no probe of {', '.join(unprobed)} came back with a first token: the slow-instance "
             "check uses the gateway's learned speeds"
         )
-    if probed and not unprobed:
-        slowest = _slowest(probed, slow, ev.probe_range)
-    else:
-        slowest = _slowest(ev.relative_speed, slow)
+    slowest = _slowest(probed if probed and not unprobed else ev.relative_speed, slow)
     dispatch_fixed_it = gain >= drop
     if dispatch_fixed_it and ev.peak_per_instance is not None and ev.peak_per_instance <= ev.low_cap:
         lines.append(
@@ -337,7 +333,7 @@ async def diagnose(
     instances are called ``names``, else host:port, as the gateway in front of them calls them."""
     names = list(names or instance_labels(urls))
     tries = await probe_speeds(urls, names, model=model, key=key, prompt_tokens=probe_tokens) if probe else {}
-    speeds = {n: statistics.median(v) if v else 0.0 for n, v in tries.items()}
+    speeds = own_speeds(tries)
     ranges = {n: (min(v), max(v)) for n, v in tries.items() if v}
     runs: list[Run] = []
     admin: list[dict[str, Any] | None] = []

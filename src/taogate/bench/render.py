@@ -265,5 +265,5 @@ def render_diagnosis(console: Console, result: Diagnosis) -> None:
     color = {"balanced": "green", "dispatch": "yellow", "slow": "red", "inside": "red"}.get(v.kind, "red")
     console.print(summary_table([result.evidence.configured, result.evidence.lowered], title="bisection"))
     console.print(f"[bold {color}]verdict: {escape(v.headline)}[/bold {color}]")
-    for line in v.evidence:  # plain text: the probes' "[slowest-fastest]" ranges are not markup
+    for line in v.evidence:  # plain text: the probes' "[slowest-best]" ranges are not markup
         console.print(f"  - {line}", markup=False)
