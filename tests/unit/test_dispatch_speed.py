@@ -390,7 +390,8 @@ def test_decode_pace_before_any_sample_follows_the_fixed_latency() -> None:
     est.observe_completion(
         "c", duration=0.05 + 9 * 0.03, completion_tokens=10, ahead_tokens=0, uncached_tokens=10, ttft=0.05
     )
-    assert est.decode_seconds_per_token("c") == pytest.approx(0.02 + 0.2 * (0.03 - 0.02))  # its own now
+    # Its own now, moved from the pace it was priced at, not from the configured prior.
+    assert est.decode_seconds_per_token("c") == pytest.approx(0.05 + 0.2 * (0.03 - 0.05))
     # The warm-up's one prefill is enough: a card that prefilled at 40% of the others' speed is
     # costed at 2.5x their decode pace until it streams a completion itself.
     warmed = SpeedEstimator(10_000.0, decode_seconds_per_token=0.02)

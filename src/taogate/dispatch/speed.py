@@ -258,12 +258,13 @@ class SpeedEstimator:
             self._sample(state, own, work, ttft, 1.0)
         return None
 
-    def _pace(self, state: State, pace: float, step: float) -> None:
-        """A decode-pace sample moves the estimate by ``step``. A first one moves the others' pace
-        (their median), not the configured prior: from the prior, one slow window could price a
-        newcomer far above the others, and then no work would correct it."""
+    def _pace(self, name: str, state: State, pace: float, step: float) -> None:
+        """A decode-pace sample moves the estimate by ``step``. A first one moves the pace dispatch
+        priced the instance at (the others', scaled for a slower card), not the configured prior:
+        from the prior, one slow window could price a newcomer far above the others (and then no
+        work would correct it), or a slow card's first one price it near the fast ones."""
         if not state.tpot_n:
-            state.tpot = fleet_median(self._states, lambda st: st.tpot if st.tpot_n > 0 else None, self._tpot)
+            state.tpot = self.decode_seconds_per_token(name)
         state.tpot += step * (pace - state.tpot)
         state.tpot_n += 1
         self._stale = True
@@ -301,7 +302,7 @@ class SpeedEstimator:
             if state.engine:
                 return None  # the engine's window teaches the decode pace
             if completion_tokens > 1 and duration > ttft:
-                self._pace(state, (duration - ttft) / (completion_tokens - 1), 0.2)
+                self._pace(name, state, (duration - ttft) / (completion_tokens - 1), 0.2)
             return None
         decoded = max(0, completion_tokens - 1)
         if state.engine:
@@ -348,7 +349,7 @@ class SpeedEstimator:
         count = min(untaught, _MAX_WINDOW_WEIGHT)
         pace = decode_seconds_per_token
         if pace is not None and pace > 0 and math.isfinite(pace):
-            self._pace(state, pace, 1.0 - 0.8**count)
+            self._pace(name, state, pace, 1.0 - 0.8**count)
         if prompt_tokens is not None and prompt_tokens > 0:
             ratio = min(1.0, max(0.01, computed_tokens / prompt_tokens))
             step = max(0.3, 1.0 / (state.n + state.base_n + 1))

@@ -14,8 +14,8 @@ every instance's learned ``State`` at once (``SpeedEstimator`` keeps the states 
   instance dispatch avoids teaches nothing more.
 * **Decode pace.** Until an instance has a decode sample: the fleet's median, scaled up (at most
   4×) by how much slower its prefill speed or fixed latency has shown it to be: a card whose every
-  engine step is slower decodes slower too. Its first sample moves the fleet's median
-  (``SpeedEstimator``), not the configured prior.
+  engine step is slower decodes slower too. Its first sample moves that pace (``SpeedEstimator``),
+  not the configured prior.
 """
 
 from __future__ import annotations
