@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ BREAK_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 STAMP = ".taogate-real-vllm-stamp"
 INSTALL_TIMEOUT = 1800.0  # seconds for pip; a fresh install takes a few minutes
 CHECK_TIMEOUT = 300.0
+# The installed venv takes about 3.5 GB; pip unpacks beside it, and the models and logs follow.
+NEEDS_FREE = 5 * 2**30
 IMPORT_CHECK = "import torch, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 
 Log = Callable[[str], None]
@@ -51,6 +54,7 @@ def ensure_venv(venv: Path, *, install_log: Path, log: Log) -> Path:
     if python.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return python
     install_log.parent.mkdir(parents=True, exist_ok=True)
+    _check_space(venv.parent)
     install_log.write_text("")
     log(f"preparing the vLLM venv {venv} (a fresh install takes a few minutes; log: {install_log})")
     if not python.exists():
@@ -73,6 +77,17 @@ def ensure_venv(venv: Path, *, install_log: Path, log: Log) -> Path:
     )
     stamp.write_text(want + "\n")
     return python
+
+
+def _check_space(where: Path) -> None:
+    """Refuse to start an install that the disk cannot hold: pip would fail minutes in, less clearly."""
+    where.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(where).free
+    if free < NEEDS_FREE:
+        raise VenvError(
+            f"could not prepare the vLLM venv: it needs about {NEEDS_FREE / 2**30:.0f} GB free"
+            f" on the disk holding {where}, which has {free / 2**30:.1f} GB"
+        )
 
 
 def _run(
