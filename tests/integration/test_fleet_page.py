@@ -168,6 +168,12 @@ async def test_the_dashboard_in_a_real_browser(tmp_path: Path) -> None:
                 for n in names
             }
             assert [n for n, s in states.items() if s == "slow"] == [SLOW], states
+            # Every row shows the decode pace dispatch prices an output token at, in milliseconds.
+            paces = await page.locator("#rows td[data-column=decode]").all_inner_texts()
+            assert len(paces) == 4 and all(float(p) > 0 for p in paces), paces
+            # Long names wrap at their dots: the table stays within the window, nothing scrolls sideways.
+            widths = await page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+            assert widths[0] <= widths[1], widths
 
             # Figures change between two looks.
             first = await page.locator("#instances tbody").inner_text()

@@ -59,7 +59,9 @@ async def test_the_page_says_what_dispatch_runs_on(tmp_path: Path, caplog: pytes
                 await page.get_by_role("button", name="Connect").click()
                 await wait_for_count(page, "#rows tr", 2)
                 cells = {
-                    name: await page.locator(f"#rows tr[data-instance={name}] td").nth(9).inner_text()
+                    name: await page.locator(
+                        f"#rows tr[data-instance={name}] td[data-column=prefix-hits]"
+                    ).inner_text()
                     for name in ("i0", "i1")
                 }
             finally:

@@ -34,6 +34,7 @@ def row(name: str, **over: Any) -> dict[str, Any]:
         "ttft_p50": 0.412,
         "ttft_p99": 12.5,
         "relative_speed": 1.02,
+        "decode_seconds_per_token": 0.0123,
         "state": "ok",
         "verdict": "ok",
     }
@@ -87,6 +88,7 @@ def test_a_wide_terminal_shows_every_column() -> None:
     assert fit_columns(ROWS, 250) == list(COLUMNS)
     text = "\n".join(render(250))
     assert "left out" not in text and "cache hit" in text and "prefill tok" in text
+    assert "ms/out tok" in text and " 12.3 " in text  # the decode pace, 0.0123 s per output token
 
 
 def test_the_least_important_go_first() -> None:

@@ -38,6 +38,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{round(value * 100)}%"
 
 
+def _ms(value: float | None) -> str:
+    """Seconds as milliseconds, at most three figures (a decode pace of 0.0123 s reads 12.3)."""
+    return "-" if value is None else f"{value * 1000:.3g}"
+
+
 def _precise(value: Mapping[str, str] | None) -> str:
     """Precise mode: dispatch on the KV-event index, or on the model and why."""
     if not value:
@@ -70,6 +75,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("TTFT p50", lambda r: _secs(r.get("ttft_p50")), 3),
     Column("TTFT p99", lambda r: _secs(r.get("ttft_p99")), 1),
     Column("speed", lambda r: f"{r['relative_speed']:.2f}x", 1),
+    Column("ms/out tok", lambda r: _ms(r.get("decode_seconds_per_token")), 5),
     Column("verdict", lambda r: str(r.get("state") or r["verdict"]), 0, left=True),
 )
 
