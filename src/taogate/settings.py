@@ -253,6 +253,32 @@ class PrefillSettings(Section):
         return v
 
 
+#: An InferenceObjective's name is a Kubernetes object name (a DNS subdomain).
+_OBJECTIVE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+class PickerSettings(Section):
+    """``[picker]``: what ``taogate pick`` reads from the inference gateway in front of it."""
+
+    objectives: dict[str, int] = Field(
+        default_factory=dict,
+        description="InferenceObjective name = its priority (higher first), for the objective header.",
+    )
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v: dict[str, int]) -> dict[str, int]:
+        for name, priority in v.items():
+            if not _OBJECTIVE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"[picker] objectives: {name!r} is not an InferenceObjective name "
+                    "(lowercase letters, digits, '-' and '.', at most 253)"
+                )
+            if not -(2**31) <= priority < 2**31:
+                raise ValueError(f"[picker] objectives: {name} = {priority} is outside a 32-bit priority")
+        return v
+
+
 class Settings(BaseSettings):
     """The gateway's whole configuration."""
 
@@ -270,6 +296,7 @@ class Settings(BaseSettings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     keys: KeyList = Field(default_factory=list, description="Named client keys, beside the unified one.")
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    picker: PickerSettings = Field(default_factory=PickerSettings)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:

@@ -21,6 +21,7 @@ from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.picker.admit import FAIRNESS_ID
 from taogate.picker.encoding import CHUNK, DESTINATION
+from taogate.picker.objective import OBJECTIVE
 from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
 from tests.conftest import ENV, KEY, gateway_settings, wait_until
 
@@ -359,3 +360,49 @@ async def test_behind_an_authenticating_gateway_its_flows_share_the_fleet(check_
                 await _answer(talks[name])
             assert order == (["a1", "a2", "a3", "b1"] if check_key else ["a1", "a2", "b1", "a3"])
             assert ("flow:a" in gateway.dispatcher.fair._served) is not check_key
+
+
+async def test_the_objective_a_request_names_sets_its_place_in_the_queue() -> None:
+    """One slot, held; then a batch request, one naming no objective and a critical one wait. The
+    critical one goes first, the batch one last, and a priority instance is told each class."""
+    objectives = {"critical": 10, "batch": -5}
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        settings = gateway_settings(
+            fleet.urls,
+            dispatch={"max_queue_per_instance": 1},
+            limits={"max_priority": -10},
+            picker={"objectives": objectives},
+        )
+        settings.instances[0].scheduling_policy = "priority"
+        async with (
+            serve_picker(settings, environ=ENV) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            gateway = running.app.gateway
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            talks: dict[str, Conversation] = {}
+            picks: list[asyncio.Task[Any]] = []
+            for name, objective in (
+                ("held", None),
+                ("batch", "batch"),
+                ("none", None),
+                ("critical", "critical"),
+            ):
+                talk = talks[name] = Conversation(stub)
+                named = [(OBJECTIVE.decode(), objective)] if objective else []
+                await talk.send(request_headers=_headers([*_request(), *named]))
+                await talk.send(request_body=pb.HttpBody(body=_chat(name * 50), end_of_stream=True))
+                picks.append(asyncio.create_task(talk.read()))
+                await wait_until(lambda: gateway.dispatcher.queued == len(talks) - 1, what="queued")
+            order: list[str] = []
+            told: dict[str, Any] = {}
+            for _ in range(4):
+                waiting = [p for name, p in zip(talks, picks, strict=True) if name not in order]
+                done, _ = await asyncio.wait(waiting, return_when="FIRST_COMPLETED")
+                name = list(talks)[picks.index(done.pop())]
+                order.append(name)
+                handed = (await talks[name].read()).request_body.response.body_mutation.streamed_response
+                told[name] = orjson.loads(handed.body).get("priority")
+                await _answer(talks[name])
+            assert order == ["held", "critical", "none", "batch"]
+            assert told == {"held": None, "critical": -10, "none": None, "batch": 5}

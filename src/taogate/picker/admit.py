@@ -1,7 +1,8 @@
 """One request's way to its pick: route, key, body facts, plan and lease, as ``serve`` does it.
 
 Every step is the proxy's own: ``KeyCheck`` for the client's key, ``Intake`` for the body's facts
-(model, stream flag, token estimate, prefix key, priority, tag), ``Limiter`` for its key's limits,
+(model, stream flag, token estimate, prefix key, priority, tag; ``Objectives`` first puts the
+class of a named InferenceObjective in place of the request's own), ``Limiter`` for its key's limits,
 ``plan`` and ``Forward.to`` for what the instance is told (its own key, its priority, a Responses
 id), ``Dispatcher`` for the pick and its lease. What differs is only the output: header changes and
 a body for the gateway in front to send, instead of a request of our own.
@@ -24,6 +25,7 @@ from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
 from taogate.picker.encoding import Headers
 from taogate.picker.hints import excluded_by_subset
+from taogate.picker.objective import Objectives
 from taogate.proxy.auth import header
 from taogate.proxy.forward import Forward, plan
 from taogate.proxy.intake import Incoming
@@ -96,6 +98,7 @@ class Admission:
         self.gateway = gateway
         self._routes = dict(routes)
         self.check_key = check_key
+        self.objectives = Objectives()
         prefix = gateway.settings.gateway.prefix
         self._items = (RESPONSE_ITEM_PREFIX, prefix + RESPONSE_ITEM_PREFIX)
         self._models = {"/v1/models", prefix + "/v1/models"}
@@ -161,7 +164,8 @@ class Admission:
         refusal."""
         gw = self.gateway
         plain = [(k, v) for k, v in headers if not k.startswith(b":")]
-        incoming = await gw.pipeline.intake.read(route, plain, _once(body), tenant.max_priority)
+        classed = self.objectives.headers(plain, gw.settings.picker.objectives)
+        incoming = await gw.pipeline.intake.read(route, classed, _once(body), tenant.max_priority)
         facts = incoming.facts
         rec.model = incoming.model
         rec.prompt_tokens_est = facts.prompt_tokens
