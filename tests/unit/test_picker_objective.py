@@ -46,11 +46,12 @@ def test_an_unknown_objective_is_said_once_and_changes_nothing(caplog: pytest.Lo
     with caplog.at_level(logging.WARNING, logger="taogate.picker"):
         for _ in range(3):
             assert objectives.headers(headers, TABLE) is headers
-        for i in range(200):  # a client's endless names: said for the first few only
-            objectives.headers([(OBJECTIVE, f"name-{i}".encode())], TABLE)
+        for i in range(200):  # a client's endless names: said for the first few only, cut short
+            objectives.headers([(OBJECTIVE, f"name-{i}-".encode() * 1000)], TABLE)
     said = [r.getMessage() for r in caplog.records]
     assert sum("'gold' is not in [picker] objectives" in m for m in said) == 1
     assert len(said) == 64
+    assert max(len(n) for n in objectives._unknown) == 253
     assert objectives.headers([(b"x-other", b"1")], TABLE) == [(b"x-other", b"1")]
 
 

@@ -47,12 +47,13 @@ class Objectives:
         name = header(headers, OBJECTIVE)
         priority = objective_class(name, objectives)
         if priority is None:
-            if name is not None and name not in self._unknown and len(self._unknown) < _SAY_AT_MOST:
-                self._unknown.add(name)
+            said = None if name is None else name[:253]  # an object name's length at most
+            if said is not None and said not in self._unknown and len(self._unknown) < _SAY_AT_MOST:
+                self._unknown.add(said)
                 log.warning(
                     "objective %r is not in [picker] objectives: its requests keep the priority "
                     "they claim themselves (default 0)",
-                    name.decode("latin-1")[:253],
+                    said.decode("latin-1"),
                 )
             return headers
         return [*(h for h in headers if h[0] != HEADER), (HEADER, str(priority).encode())]
