@@ -363,8 +363,9 @@ async def test_behind_an_authenticating_gateway_its_flows_share_the_fleet(check_
 
 
 async def test_the_objective_a_request_names_sets_its_place_in_the_queue() -> None:
-    """One slot, held; then a batch request, one naming no objective and a critical one wait. The
-    critical one goes first, the batch one last, and a priority instance is told each class."""
+    """One slot, held; a request naming no objective waits, then a critical one, which goes first.
+    A batch request (a negative priority: sheddable) is refused at once rather than queued. The
+    priority instance is told each class."""
     objectives = {"critical": 10, "batch": -5}
     async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
         settings = gateway_settings(
@@ -380,23 +381,27 @@ async def test_the_objective_a_request_names_sets_its_place_in_the_queue() -> No
         ):
             gateway = running.app.gateway
             stub = pb_grpc.ExternalProcessorStub(channel)
-            talks: dict[str, Conversation] = {}
-            picks: list[asyncio.Task[Any]] = []
-            for name, objective in (
-                ("held", None),
-                ("batch", "batch"),
-                ("none", None),
-                ("critical", "critical"),
-            ):
-                talk = talks[name] = Conversation(stub)
+
+            async def ask(name: str, objective: str | None) -> Conversation:
+                talk = Conversation(stub)
                 named = [(OBJECTIVE.decode(), objective)] if objective else []
                 await talk.send(request_headers=_headers([*_request(), *named]))
                 await talk.send(request_body=pb.HttpBody(body=_chat(name * 50), end_of_stream=True))
-                picks.append(asyncio.create_task(talk.read()))
+                return talk
+
+            talks: dict[str, Conversation] = {}
+            picks: list[asyncio.Task[Any]] = []
+            for name, objective in (("held", None), ("none", None), ("critical", "critical")):
+                talks[name] = await ask(name, objective)
+                picks.append(asyncio.create_task(talks[name].read()))
                 await wait_until(lambda: gateway.dispatcher.queued == len(talks) - 1, what="queued")
+            shed = (await (await ask("batch", "batch")).read()).immediate_response
+            assert shed.status.code == 429
+            assert orjson.loads(shed.body)["error"]["code"] == "shed"
+            assert gateway.dispatcher.queued == 2
             order: list[str] = []
             told: dict[str, Any] = {}
-            for _ in range(4):
+            for _ in range(3):
                 waiting = [p for name, p in zip(talks, picks, strict=True) if name not in order]
                 done, _ = await asyncio.wait(waiting, return_when="FIRST_COMPLETED")
                 name = list(talks)[picks.index(done.pop())]
@@ -404,5 +409,5 @@ async def test_the_objective_a_request_names_sets_its_place_in_the_queue() -> No
                 handed = (await talks[name].read()).request_body.response.body_mutation.streamed_response
                 told[name] = orjson.loads(handed.body).get("priority")
                 await _answer(talks[name])
-            assert order == ["held", "critical", "none", "batch"]
-            assert told == {"held": None, "critical": -10, "none": None, "batch": 5}
+            assert order == ["held", "critical", "none"]
+            assert told == {"held": None, "critical": -10, "none": None}

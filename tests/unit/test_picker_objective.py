@@ -35,9 +35,18 @@ def test_a_higher_priority_is_never_a_later_class(table: dict[str, int]) -> None
 
 def test_the_objective_stands_in_for_the_clients_own_claim() -> None:
     headers = [(b"content-type", b"application/json"), (HEADER, b"-99"), (OBJECTIVE, b"batch")]
-    out = Objectives().headers(headers, TABLE)
+    out, sheddable = Objectives().read(headers, TABLE)
     assert [v for k, v in out if k == HEADER] == [b"5"]
     assert (b"content-type", b"application/json") in out
+    assert sheddable  # a negative priority, as the Inference Extension has it
+
+
+@pytest.mark.parametrize(
+    ("name", "sheddable"), [(b"critical", False), (b"standard", False), (b"batch", True)]
+)
+def test_only_a_negative_priority_is_sheddable(name: bytes, sheddable: bool) -> None:
+    assert Objectives().read([(OBJECTIVE, name)], TABLE)[1] is sheddable
+    assert Objectives().read([(HEADER, b"7")], TABLE)[1] is False  # a class claimed is no objective
 
 
 def test_an_unknown_objective_is_said_once_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
@@ -45,14 +54,14 @@ def test_an_unknown_objective_is_said_once_and_changes_nothing(caplog: pytest.Lo
     headers = [(HEADER, b"-1"), (OBJECTIVE, b"gold")]
     with caplog.at_level(logging.WARNING, logger="taogate.picker"):
         for _ in range(3):
-            assert objectives.headers(headers, TABLE) is headers
+            assert objectives.read(headers, TABLE) == (headers, False)
         for i in range(200):  # a client's endless names: said for the first few only, cut short
-            objectives.headers([(OBJECTIVE, f"name-{i}-".encode() * 1000)], TABLE)
+            objectives.read([(OBJECTIVE, f"name-{i}-".encode() * 1000)], TABLE)
     said = [r.getMessage() for r in caplog.records]
     assert sum("'gold' is not in [picker] objectives" in m for m in said) == 1
     assert len(said) == 64
     assert max(len(n) for n in objectives._unknown) == 253
-    assert objectives.headers([(b"x-other", b"1")], TABLE) == [(b"x-other", b"1")]
+    assert objectives.read([(b"x-other", b"1")], TABLE) == ([(b"x-other", b"1")], False)
 
 
 @pytest.mark.parametrize(

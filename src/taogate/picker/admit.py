@@ -20,7 +20,7 @@ import orjson
 from taogate.app import unknown_path_message
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
+from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound, Overloaded
 from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
 from taogate.picker.encoding import Headers
@@ -164,7 +164,7 @@ class Admission:
         refusal."""
         gw = self.gateway
         plain = [(k, v) for k, v in headers if not k.startswith(b":")]
-        classed = self.objectives.headers(plain, gw.settings.picker.objectives)
+        classed, sheddable = self.objectives.read(plain, gw.settings.picker.objectives)
         incoming = await gw.pipeline.intake.read(route, classed, _once(body), tenant.max_priority)
         facts = incoming.facts
         rec.model = incoming.model
@@ -178,7 +178,7 @@ class Admission:
             forward, exclude = self._plan(
                 route, plain, incoming, path=path, method=route_method(headers), rid=rid, subset=subset
             )
-            lease = await self._lease(facts, exclude, rec, subset is not None)
+            lease = await self._lease(facts, exclude, rec, hinted=subset is not None, sheddable=sheddable)
         except BaseException as exc:
             if not isinstance(exc, GatewayError):
                 gw.limiter.release(admitted, rec)
@@ -248,14 +248,29 @@ class Admission:
         return forward, exclude
 
     async def _lease(
-        self, facts: RequestFacts, exclude: frozenset[str], rec: RequestRecord, hinted: bool
+        self,
+        facts: RequestFacts,
+        exclude: frozenset[str],
+        rec: RequestRecord,
+        *,
+        hinted: bool,
+        sheddable: bool,
     ) -> Lease:
+        """A lease from dispatch, waiting in the gateway queue if need be; a sheddable request
+        (``objective``) never waits: every instance at its cap, it is refused with a 429."""
         gw = self.gateway
         dispatcher, metrics = gw.dispatcher, gw.metrics
         try:
             ready = dispatcher.try_acquire(facts, exclude)
             if ready is not None:
                 (lease, pick), waited = ready, 0.0
+            elif sheddable:
+                raise Overloaded(
+                    "Every eligible instance is at max_queue_per_instance, and this request's "
+                    "objective has a negative priority: it is shed, not queued.",
+                    code="shed",
+                    retry_after=dispatcher.retry_after(),
+                )
             else:
                 lease, pick, waited = await dispatcher.wait_for_slot(facts, exclude)
         except NotFound as exc:

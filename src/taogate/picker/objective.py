@@ -4,7 +4,8 @@ The gateway in front (or the client) names the objective in ``x-gateway-inferenc
 ``[picker] objectives`` gives each name the priority of its InferenceObjective, where a higher
 priority is served first. taogate's class is vLLM's, where a lower value goes first, so an objective
 of priority p is the class -p. It stands in for the request's own claim (``X-Priority``, the body's
-``priority``), and the key's ``max_priority`` ceiling still applies to it.
+``priority``), and the key's ``max_priority`` ceiling still applies to it. As in the Inference
+Extension, an objective of negative priority is sheddable: refused at once where it would wait.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ class Objectives:
     def __init__(self) -> None:
         self._unknown: set[bytes] = set()
 
-    def headers(self, headers: Headers, objectives: Mapping[str, int]) -> Headers:
-        """``headers`` with the class of the objective they name as ``X-Priority`` (in place of
-        any the client sent), or as they are when they name none that is configured."""
+    def read(self, headers: Headers, objectives: Mapping[str, int]) -> tuple[Headers, bool]:
+        """(``headers`` with the class of the objective they name as ``X-Priority``, in place of
+        any the client sent, or as they are when they name none that is configured; whether the
+        objective is sheddable)."""
         name = header(headers, OBJECTIVE)
         priority = objective_class(name, objectives)
         if priority is None:
@@ -55,5 +57,5 @@ class Objectives:
                     "they claim themselves (default 0)",
                     said.decode("latin-1"),
                 )
-            return headers
-        return [*(h for h in headers if h[0] != HEADER), (HEADER, str(priority).encode())]
+            return headers, False
+        return [*(h for h in headers if h[0] != HEADER), (HEADER, str(priority).encode())], priority > 0
