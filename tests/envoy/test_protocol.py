@@ -22,6 +22,7 @@ from taogate.emulator.fleet import run_fleet
 from taogate.picker.admit import FAIRNESS_ID
 from taogate.picker.encoding import CHUNK, DESTINATION
 from taogate.picker.objective import OBJECTIVE
+from taogate.picker.rewrite import MODEL_REWRITE
 from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
 from tests.conftest import ENV, KEY, gateway_settings, wait_until
 
@@ -411,3 +412,34 @@ async def test_the_objective_a_request_names_sets_its_place_in_the_queue() -> No
                 await _answer(talks[name])
             assert order == ["held", "critical", "none"]
             assert told == {"held": None, "critical": -10, "none": None}
+
+
+async def test_the_model_the_gateway_names_replaces_the_bodys() -> None:
+    """A route's rewrite header sends the request to the instance serving that model, with the
+    model written into the body; a malformed name is a 400 in OpenAI's shape."""
+    configs = [EmulatorConfig(seed=0), EmulatorConfig(seed=1, model="canary-model")]
+    async with run_fleet(configs) as fleet:
+        settings = gateway_settings(fleet.urls)
+        async with (
+            serve_picker(settings, environ=ENV) as running,
+            grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}") as channel,
+        ):
+            fleet_state = running.app.gateway.fleet
+            await wait_until(lambda: all(i.models for i in fleet_state), what="models learned")
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            talk = Conversation(stub)
+            await talk.send(request_headers=_headers([*_request(), (MODEL_REWRITE.decode(), "canary-model")]))
+            await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            picked = _set((await talk.read()).request_headers.response)[DESTINATION].decode()
+            assert picked == fleet_state.get("i1").spec.host
+            handed = (await talk.read()).request_body.response.body_mutation.streamed_response
+            assert orjson.loads(handed.body)["model"] == "canary-model"
+            await _answer(talk)
+
+            bad = Conversation(stub)
+            await bad.send(request_headers=_headers([*_request(), (MODEL_REWRITE.decode(), "two words")]))
+            await bad.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
+            refused = (await bad.read()).immediate_response
+            assert refused.status.code == 400
+            assert orjson.loads(refused.body)["error"]["code"] == "invalid_model"
+            assert sum(i.inflight for i in fleet_state) == 0

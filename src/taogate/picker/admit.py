@@ -1,8 +1,9 @@
 """One request's way to its pick: route, key, body facts, plan and lease, as ``serve`` does it.
 
 Every step is the proxy's own: ``KeyCheck`` for the client's key, ``Intake`` for the body's facts
-(model, stream flag, token estimate, prefix key, priority, tag; ``Objectives`` first puts the
-class of a named InferenceObjective in place of the request's own), ``Limiter`` for its key's limits,
+(model, stream flag, token estimate, prefix key, priority, tag; first ``Objectives`` puts the
+class of a named InferenceObjective in place of the request's own, and ``rewritten_model`` the model
+the gateway names in place of the body's), ``Limiter`` for its key's limits,
 ``plan`` and ``Forward.to`` for what the instance is told (its own key, its priority, a Responses
 id), ``Dispatcher`` for the pick and its lease. What differs is only the output: header changes and
 a body for the gateway in front to send, instead of a request of our own.
@@ -26,6 +27,7 @@ from taogate.gateway import Gateway
 from taogate.picker.encoding import Headers
 from taogate.picker.hints import excluded_by_subset
 from taogate.picker.objective import Objectives
+from taogate.picker.rewrite import rewritten_model
 from taogate.proxy.auth import header
 from taogate.proxy.forward import Forward, plan
 from taogate.proxy.intake import Incoming
@@ -165,7 +167,8 @@ class Admission:
         gw = self.gateway
         plain = [(k, v) for k, v in headers if not k.startswith(b":")]
         classed, sheddable = self.objectives.read(plain, gw.settings.picker.objectives)
-        incoming = await gw.pipeline.intake.read(route, classed, _once(body), tenant.max_priority)
+        model = rewritten_model(plain) if route.body == "json" else None
+        incoming = await gw.pipeline.intake.read(route, classed, _once(body), tenant.max_priority, model)
         facts = incoming.facts
         rec.model = incoming.model
         rec.prompt_tokens_est = facts.prompt_tokens

@@ -270,9 +270,16 @@ class Intake:
         self._scope = scope
 
     async def read(
-        self, route: Route, headers: list[tuple[bytes, bytes]], receive: Receive, ceiling: int = 0
+        self,
+        route: Route,
+        headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        ceiling: int = 0,
+        model: str | None = None,
     ) -> Incoming:
-        """``ceiling``: the most urgent priority class the client's key may claim."""
+        """``ceiling``: the most urgent priority class the client's key may claim; ``model``: the
+        model the gateway in front names in place of a JSON body's own (picker mode), written into
+        the body that goes on."""
         if route.body == "multipart":
             return await self.read_upload(headers, receive, ceiling)
         settings = self._settings
@@ -289,6 +296,9 @@ class Intake:
             facts = RequestFacts(None, 1, False, priority=priority)
             return Incoming(body, None, facts, PromptSize(), self._tag(client_tag, False))
         payload = parse_json_object(body, g.max_json_items)
+        if model is not None:
+            payload["model"] = model
+            body = orjson.dumps(payload)
         model = model_of(route, payload)
         priority, tell = resolve(ours, theirs, payload, route.priority, ceiling)
         with nesting_bound:

@@ -1,0 +1,35 @@
+"""The model the gateway in front names for a request, in place of the one its body asks for.
+
+The Inference Extension's ``x-gateway-model-name-rewrite`` header lets a route send a share of its
+traffic to another model or adapter (a canary, a LoRA) without the client knowing: the picker writes
+the name into the JSON body before anything reads it, so dispatch, the instance and the usage all
+see the rewritten model. An upload's form keeps its own model.
+"""
+
+from __future__ import annotations
+
+import re
+
+from taogate.errors import BadRequest
+from taogate.proxy.auth import header
+
+__all__ = ["MODEL_REWRITE", "rewritten_model"]
+
+MODEL_REWRITE = b"x-gateway-model-name-rewrite"
+#: A model name as vLLM serves one (``--served-model-name``, a Hugging Face id, an adapter's name).
+_NAME = re.compile(rb"[\x21-\x7e]{1,256}")
+
+
+def rewritten_model(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The model the header names, or None without one; a malformed name is a 400."""
+    value = header(headers, MODEL_REWRITE)
+    if value is None:
+        return None
+    value = value.strip()
+    if _NAME.fullmatch(value) is None:
+        raise BadRequest(
+            "The x-gateway-model-name-rewrite header must name a model: 1-256 visible ASCII characters.",
+            code="invalid_model",
+            param="model",
+        )
+    return value.decode("ascii")
