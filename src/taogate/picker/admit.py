@@ -259,8 +259,8 @@ class Admission:
         hinted: bool,
         sheddable: bool,
     ) -> Lease:
-        """A lease from dispatch, waiting in the gateway queue if need be; a sheddable request
-        (``objective``) never waits: every instance at its cap, it is refused with a 429."""
+        """A lease from dispatch, waiting in the gateway queue if need be; a sheddable request (its
+        objective's priority is negative) never waits: every instance at its cap, it gets a 429."""
         gw = self.gateway
         dispatcher, metrics = gw.dispatcher, gw.metrics
         try:

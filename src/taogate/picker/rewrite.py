@@ -1,9 +1,9 @@
 """The model the gateway in front names for a request, in place of the one its body asks for.
 
-The Inference Extension's ``x-gateway-model-name-rewrite`` header lets a route send a share of its
-traffic to another model or adapter (a canary, a LoRA) without the client knowing: the picker writes
-the name into the JSON body before anything reads it, so dispatch, the instance and the usage all
-see the rewritten model. An upload's form keeps its own model.
+The Inference Extension's ``x-gateway-model-name-rewrite`` header lets the gateway send a request to
+another model or adapter (a canary, a LoRA) without the client knowing: the picker writes the name
+into the JSON body before anything reads it, so dispatch, the instance and the usage all see the
+rewritten model. An upload's form keeps its own model.
 """
 
 from __future__ import annotations
