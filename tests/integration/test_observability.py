@@ -90,10 +90,11 @@ async def test_slow_instance_is_flagged_in_metrics_status_and_log(
     gateway_factory: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="taogate.health")
-    async with gateway_factory(_slow_fleet(3.0)) as gw:
-        # The slow card gets few requests (least-work dispatch routes around it), so the detector's
-        # evidence comes only once the fast ones are busy enough to make it worth a request: on a
-        # loaded machine one round of load may not be enough (bounded: at most four rounds).
+    # A cap the load fills on the fast cards, so the slow one keeps getting work: routed around
+    # it, the load once left it 4 requests in four rounds of 160, too few (and, on a busy machine,
+    # too scattered) for the detector to be sure of.
+    async with gateway_factory(_slow_fleet(3.0), dispatch={"max_queue_per_instance": 4}) as gw:
+        # Bounded: at most four rounds of load, until the detector is sure.
         rows: list[dict[str, object]] = []
         for _ in range(4):
             await _load(gw, 160, 16, 2000)
