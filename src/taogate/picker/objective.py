@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from taogate.picker.encoding import Headers
 from taogate.proxy.auth import header
 from taogate.proxy.priority import HEADER
 
@@ -21,8 +22,6 @@ __all__ = ["OBJECTIVE", "Objectives", "objective_class"]
 OBJECTIVE = b"x-gateway-inference-objective"
 #: Unknown names said once each, up to this many (a client could send endless names).
 _SAY_AT_MOST = 64
-
-Headers = list[tuple[bytes, bytes]]
 
 log = logging.getLogger("taogate.picker")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from taogate.errors import BadRequest
+from taogate.picker.encoding import Headers
 from taogate.proxy.auth import header
 
 __all__ = ["MODEL_REWRITE", "rewritten_model"]
@@ -20,7 +21,7 @@ MODEL_REWRITE = b"x-gateway-model-name-rewrite"
 _NAME = re.compile(rb"[\x21-\x7e]{1,256}")
 
 
-def rewritten_model(headers: list[tuple[bytes, bytes]]) -> str | None:
+def rewritten_model(headers: Headers) -> str | None:
     """The model the header names, or None without one; a malformed name is a 400."""
     value = header(headers, MODEL_REWRITE)
     if value is None:
