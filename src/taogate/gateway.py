@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import os
 import random
@@ -162,9 +161,7 @@ class Gateway:
         self.probes = HealthProbes(
             self.fleet, self.client, current, self.events, warm_up=warm_up, clock=clock
         )
-        self.remeasure = Remeasure(
-            self.fleet, functools.partial(warm_up.measure, afresh=True), current, self.events, clock=clock
-        )
+        self.remeasure = Remeasure(self.fleet, warm_up.measure, current, self.events, clock=clock)
         self.scraper = Scraper(self.fleet, self.fetcher, current, self.events, clock)
         self.discovery = Discovery(current, resolver, self.set_discovered, lambda: len(self.discovered))
         self.history = History()

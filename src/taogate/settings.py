@@ -203,8 +203,9 @@ class DispatchSettings(Section):
     remeasure_after: float = Field(
         default=60.0,
         ge=0,
-        description="Seconds a slow-flagged instance may teach dispatch nothing, idle, before the "
-        "warm-up's prompts measure it again (0: never).",
+        description="Seconds an instance that reads slow (flagged, or below the fleet on too few "
+        "samples) may teach dispatch nothing, idle, before the warm-up's prompts measure it again "
+        "(0: never).",
     )
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive request failures to eject.")
     breaker_cooldown: float = Field(default=15.0, gt=0, description="Seconds an ejected instance rests.")

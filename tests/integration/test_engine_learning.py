@@ -87,3 +87,40 @@ async def test_a_card_flagged_slow_and_left_idle_is_measured_again(caplog: pytes
     counted = r'^taogate_health_transitions_total\{instance="throttled",kind="speed",to="remeasured"\} (\S+)$'
     found = re.search(counted, text, re.M)
     assert found is not None and float(found.group(1)) == 1, text
+
+
+async def test_a_card_turned_slow_and_starved_before_it_is_flagged_is_measured_until_it_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A card that turns six times slower after its warm-up takes one slow sample, too few for the
+    detector to be sure, and dispatch sends it nothing more: re-measures add the evidence it lacks."""
+    caplog.set_level(logging.INFO, logger="taogate.health")
+    async with run_fleet([EmulatorConfig(seed=i) for i in range(3)]) as fleet:
+        dispatch = {"warmup_tokens": 1024, "health_check_interval": 0.2, "remeasure_after": 0.5}
+        settings = settings_for(fleet.urls, names=["a", "b", "turned"], dispatch=dispatch)
+        async with serve_gateway(settings) as gate, client() as http:
+
+            async def warmed() -> bool:
+                return all(row["speed_samples"] >= 1 for row in (await admin_rows(http, gate)).values())
+
+            for _ in range(100):
+                if await warmed():
+                    break
+                await asyncio.sleep(0.05)
+            fleet.instances[2].faults.throttle = 5.0
+            burst = await asyncio.gather(*(complete(http, gate, words(1_000, seed=k)) for k in range(3)))
+            served = [r.headers["x-taogate-instance"] for r in burst]
+            for k in range(3, 12):  # one at a time: the two fast cards always have room
+                served.append(
+                    (await complete(http, gate, words(1_000, seed=k))).headers["x-taogate-instance"]
+                )
+            slow = lambda: gate.app.gateway.fleet.slow  # noqa: E731
+            await wait_until(lambda: "turned" in slow(), within=10.0, what="the turned card flagged")
+            text = (await http.get(gate.url + "/metrics")).text
+    assert 1 <= served.count("turned") <= 3, served  # starved: the fast cards take the rest
+    assert "instance turned reads 0." in caplog.text
+    assert "on too few samples to be sure and has taught dispatch nothing for 0.5 s" in caplog.text
+    assert "instance turned is slow: its prefill speed is 0." in caplog.text
+    counted = r'^taogate_health_transitions_total\{instance="turned",kind="speed",to="remeasured"\} (\S+)$'
+    found = re.search(counted, text, re.M)
+    assert found is not None and float(found.group(1)) >= 1, text

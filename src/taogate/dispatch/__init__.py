@@ -12,7 +12,7 @@ from .calibration import TokenEstimator
 from .load import LoadModel, expected_ttft
 from .policy import STRATEGIES, LeastBusy, Policy, RoundRobin, make_policy
 from .prefix import SharedPrefix, prefix_key, shared_prefix
-from .slow import SlowRule, slow_instances
+from .slow import SlowRule, slow_instances, unsure_slow
 from .speed import SpeedEstimator, SpeedStat
 from .tokens import PromptSize, TokenizerUnavailable, load_exact_counter, measure
 from .types import Decision, EngineStats, InstanceView, Refuse, RequestFacts, Send, Wait
@@ -46,4 +46,5 @@ __all__ = [
     "retry_after_seconds",
     "shared_prefix",
     "slow_instances",
+    "unsure_slow",
 ]

@@ -9,7 +9,8 @@ times the error of its estimate: ``spread / sqrt(evidence)``, where the spread i
 and the evidence at most the EWMA's ``memory``. Dispatch starves a slow card of samples, so the
 evidence needed shrinks as the gap grows; an EWMA never becomes surer than its memory, so a card
 just under the line is left alone. The cases behind both rules: benchmarks/README.md, "Design notes
-moved from the code".
+moved from the code". ``unsure_slow`` names the unflagged cards below the fleet: starved by
+dispatch, they may never gather the samples that would settle it (``control.remeasure`` asks).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from .speed import ALPHA, SpeedStat
 
-__all__ = ["SlowRule", "evidence_needed", "slow_instances"]
+__all__ = ["SlowRule", "evidence_needed", "slow_instances", "unsure_slow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,24 +46,30 @@ def evidence_needed(relative: float, rule: SlowRule = SlowRule(), spread: float 
     return max(rule.min_evidence, (rule.confidence * max(rule.noise, spread) / gap) ** 2)
 
 
+def _relative(stats: Mapping[str, SpeedStat], rule: SlowRule) -> dict[str, tuple[float, SpeedStat]]:
+    """Each judged instance's speed over the median of the *other* judged ones (``min_evidence``
+    each), so a slow one does not drag down its own yardstick (of two, each is compared with the
+    other)."""
+    known = {name: s for name, s in stats.items() if s.evidence >= rule.min_evidence and s.speed > 0}
+    out: dict[str, tuple[float, SpeedStat]] = {}
+    for name, stat in known.items():
+        others = [s.speed for n, s in known.items() if n != name]
+        if others:
+            out[name] = (stat.speed / statistics.median(others), stat)
+    return out
+
+
 def slow_instances(
     stats: Mapping[str, SpeedStat], flagged: Collection[str] = frozenset(), rule: SlowRule = SlowRule()
 ) -> frozenset[str]:
     """The instances whose prefill speed stays well below the rest of the fleet's.
 
-    Each instance is compared with the median of the *other* instances with ``min_evidence``, so a
-    slow one does not drag down its own yardstick (with two instances, each is compared with the
-    other). ``flagged`` is the previous result: a flagged instance stays flagged until it recovers past
+    ``flagged`` is the previous result: a flagged instance stays flagged until it recovers past
     ``recover_ratio``, so an estimate hovering near the threshold does not flap. A new flag needs the
     evidence of the module docstring.
     """
-    known = {name: s for name, s in stats.items() if s.evidence >= rule.min_evidence and s.speed > 0}
     out: set[str] = set()
-    for name, stat in known.items():
-        others = [s.speed for n, s in known.items() if n != name]
-        if not others:
-            continue
-        rel = stat.speed / statistics.median(others)
+    for name, (rel, stat) in _relative(stats, rule).items():
         if name in flagged:
             if rel < rule.recover_ratio:
                 out.add(name)
@@ -71,3 +78,16 @@ def slow_instances(
         ):
             out.add(name)
     return frozenset(out)
+
+
+def unsure_slow(
+    stats: Mapping[str, SpeedStat], flagged: Collection[str] = frozenset(), rule: SlowRule = SlowRule()
+) -> dict[str, float]:
+    """The unflagged instances reading below ``recover_ratio`` × the others' median, with that ratio:
+    under ``ratio`` on samples too few or too scattered for a flag, or too near the line to clear a
+    doubt. ``flagged``: the detector's current result (``slow_instances``)."""
+    return {
+        name: rel
+        for name, (rel, _) in _relative(stats, rule).items()
+        if rel < rule.recover_ratio and name not in flagged
+    }

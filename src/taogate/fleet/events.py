@@ -81,11 +81,17 @@ class FleetEvents:
         else:
             log.warning("instance %s is %s: %s", inst.name, transition.to.value, detail)
 
-    def remeasured(self, inst: Instance, idle_for: float) -> None:
-        """A slow-flagged instance that taught nothing for ``idle_for`` s is measured again."""
+    def remeasured(self, inst: Instance, idle_for: float, unsure: float | None = None) -> None:
+        """An instance that reads slow and taught nothing for ``idle_for`` s is measured again:
+        flagged, or ``unsure`` (its speed's ratio to the fleet's, on too little evidence)."""
+        if unsure is None:
+            why = "is flagged slow"
+        else:
+            why = f"reads {unsure:.2f}x the fleet's prefill speed on too few samples to be sure"
         log.info(
-            "instance %s is flagged slow and has taught dispatch nothing for %g s: measuring it again",
+            "instance %s %s and has taught dispatch nothing for %g s: measuring it again",
             inst.name,
+            why,
             idle_for,
         )
         self._count(inst.name, "speed", "remeasured")

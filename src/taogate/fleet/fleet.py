@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from taogate.dispatch.slow import slow_instances
-from taogate.dispatch.speed import SpeedEstimator
+from taogate.dispatch.slow import slow_instances, unsure_slow
+from taogate.dispatch.speed import SpeedEstimator, SpeedStat
 from taogate.dispatch.types import InstanceView
 from taogate.fleet.engine import stale_after
 from taogate.fleet.instance import BOUND_TTL, Instance, InstanceSpec
@@ -200,13 +200,19 @@ class Fleet:
             parts.append(f"{inst.name}: {why}")
         return ", ".join(parts)
 
+    def _speed_stats(self) -> dict[str, SpeedStat]:
+        return {name: stat for name, stat in self.speeds.snapshot().items() if name in self._instances}
+
     def update_slow(self) -> tuple[frozenset[str], frozenset[str]]:
         """Re-run the slow-instance detector; returns (newly flagged, newly cleared)."""
-        stats = {name: stat for name, stat in self.speeds.snapshot().items() if name in self._instances}
-        slow = slow_instances(stats, self.slow)
+        slow = slow_instances(self._speed_stats(), self.slow)
         flagged, cleared = slow - self.slow, self.slow - slow
         self.slow = slow
         return flagged, cleared
+
+    def unsure_slow(self) -> dict[str, float]:
+        """The unflagged instances reading below the fleet, with their ratio to it (``unsure_slow``)."""
+        return unsure_slow(self._speed_stats(), self.slow)
 
     def all_inflight(self) -> int:
         return sum(i.inflight for i in self._instances.values()) + sum(i.inflight for i in self._retired)
