@@ -1,5 +1,6 @@
-"""Behind a real Envoy, fail closed: a subset hint honoured (or 503), a full fleet shed with 429, and
-a picker that dies gives fast 5xx, never a hang, until it is back."""
+"""Behind a real Envoy, fail closed: a subset hint honoured (or 503), a full fleet shed with 429 (a
+sheddable objective's request at once, as ``shed``), and a picker that dies gives fast 5xx, never a
+hang, until it is back."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ async def closed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clos
     workdir = tmp_path_factory.mktemp("closed")
     async with stack.fleet(workdir / "fleet.log", 3) as fleet:
         config = workdir / "config.toml"
-        stack.write_config(config, fleet.urls, "max_queue_per_instance = 1\nqueue_size = 0\n")
+        extra = "max_queue_per_instance = 1\nqueue_size = 0\n[picker]\nobjectives = { batch = -5 }\n"
+        stack.write_config(config, fleet.urls, extra)
         port = free_port()
         async with contextlib.AsyncExitStack() as exits:
             first = await exits.enter_async_context(stack.picker(workdir, config, port=port))
@@ -117,6 +119,21 @@ async def test_full_fleet_is_shed_with_429(closed: Closed) -> None:
                 break
             await asyncio.sleep(0.05)
         assert (await http.post(url, json=_chat())).status_code == 200
+
+
+async def test_a_sheddable_objective_is_refused_at_once_as_shed(closed: Closed) -> None:
+    """The Inference Extension's objective header, as a route would set it, reaches the picker
+    through Envoy: with every instance at its cap, a request of a negative-priority objective is
+    shed; one naming none is refused as the full queue it met."""
+    url = closed.envoy.api_base + "/chat/completions"
+    async with _client() as http, contextlib.AsyncExitStack() as held:
+        for _ in range(3):
+            r = await held.enter_async_context(http.stream("POST", url, json=_chat(4000, stream=True)))
+            assert r.status_code == 200
+        batch = await http.post(url, json=_chat(), headers={"x-gateway-inference-objective": "batch"})
+        plain = await http.post(url, json=_chat())
+    assert batch.status_code == 429 and batch.json()["error"]["code"] == "shed", batch.text
+    assert plain.status_code == 429 and plain.json()["error"]["code"] != "shed", plain.text
 
 
 async def test_killed_picker_gives_fast_5xx_then_recovers(closed: Closed) -> None:

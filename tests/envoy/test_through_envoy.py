@@ -1,5 +1,6 @@
 """taogate as Envoy's endpoint picker: the SDKs through a real Envoy, the slow card learned and
-avoided, leases back after a client hangs up, refusals as immediate responses in OpenAI's shape."""
+avoided, a route's model rewrite, leases back after a client hangs up, refusals as immediate
+responses in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -145,6 +146,23 @@ async def test_slow_instance_gets_less_work_and_is_flagged(envoy_stack: Stack) -
         rows = await stack.instances(envoy_stack.picker)
     assert rows[f"emu{SLOW}"]["slow"] is True, rows
     assert all(not rows[f"emu{i}"]["slow"] for i in range(3) if i != SLOW), rows
+
+
+async def test_a_routes_model_rewrite_reaches_the_instance(envoy_stack: Stack) -> None:
+    """The Inference Extension's rewrite header, as an HTTPRoute would set it: the picker writes
+    that model into the body Envoy forwards, so a name no instance serves is answered by the one
+    serving the rewrite; a malformed name is refused in OpenAI's shape."""
+    url = envoy_stack.envoy.api_base + "/chat/completions"
+    body = {"model": "alias-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    rewrite = "x-gateway-model-name-rewrite"
+    async with httpx.AsyncClient(trust_env=False, timeout=10, headers=_auth()) as http:
+        unknown = await http.post(url, json=body)
+        rewritten = await http.post(url, json=body, headers={rewrite: MODEL})
+        malformed = await http.post(url, json=body, headers={rewrite: "two words"})
+    assert unknown.status_code == 404, unknown.text
+    assert rewritten.status_code == 200 and rewritten.json()["model"] == MODEL, rewritten.text
+    assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_model"
+    await _idle(envoy_stack)
 
 
 async def test_client_that_hangs_up_gives_its_lease_back(envoy_stack: Stack) -> None:
