@@ -203,8 +203,8 @@ class DispatchSettings(Section):
     remeasure_after: float = Field(
         default=60.0,
         ge=0,
-        description="Seconds an instance that reads slow (flagged, or below the fleet on too few "
-        "samples) may teach dispatch nothing, idle, before the warm-up's prompts measure it again "
+        description="Seconds an instance that reads slow (flagged, or unflagged on a doubtful "
+        "estimate) may teach dispatch nothing, idle, before the warm-up's prompts measure it again "
         "(0: never).",
     )
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive request failures to eject.")

@@ -83,11 +83,13 @@ def slow_instances(
 def unsure_slow(
     stats: Mapping[str, SpeedStat], flagged: Collection[str] = frozenset(), rule: SlowRule = SlowRule()
 ) -> dict[str, float]:
-    """The unflagged instances reading below ``recover_ratio`` × the others' median, with that ratio:
-    under ``ratio`` on samples too few or too scattered for a flag, or too near the line to clear a
-    doubt. ``flagged``: the detector's current result (``slow_instances``)."""
+    """The unflagged instances whose estimate leaves a doubt, with their ratio to the others' median:
+    under ``ratio`` on samples too few or too scattered for a flag, or under ``recover_ratio`` with
+    samples straying more than a real card's ``noise`` from it (a card seen turning slow). One
+    steadily between the two lines is not in doubt. ``flagged``: ``slow_instances``' result."""
     return {
         name: rel
-        for name, (rel, _) in _relative(stats, rule).items()
-        if rel < rule.recover_ratio and name not in flagged
+        for name, (rel, stat) in _relative(stats, rule).items()
+        if name not in flagged
+        and (rel < rule.ratio or (rel < rule.recover_ratio and stat.spread > rule.noise))
     }

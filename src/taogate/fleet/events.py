@@ -87,7 +87,7 @@ class FleetEvents:
         if unsure is None:
             why = "is flagged slow"
         else:
-            why = f"reads {unsure:.2f}x the fleet's prefill speed on too few samples to be sure"
+            why = f"reads {unsure:.2f}x the fleet's prefill speed on samples too few or scattered to be sure"
         log.info(
             "instance %s %s and has taught dispatch nothing for %g s: measuring it again",
             inst.name,
