@@ -9,8 +9,9 @@ times the error of its estimate: ``spread / sqrt(evidence)``, where the spread i
 and the evidence at most the EWMA's ``memory``. Dispatch starves a slow card of samples, so the
 evidence needed shrinks as the gap grows; an EWMA never becomes surer than its memory, so a card
 just under the line is left alone. The cases behind both rules: benchmarks/README.md, "Design notes
-moved from the code". ``unsure_slow`` names the unflagged cards below the fleet: starved by
-dispatch, they may never gather the samples that would settle it (``control.remeasure`` asks).
+moved from the code". ``unsure_slow`` names the unflagged cards whose estimate leaves a doubt:
+starved by dispatch, they may never gather the samples that would settle it (``control.remeasure``
+asks).
 """
 
 from __future__ import annotations

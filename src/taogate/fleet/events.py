@@ -83,7 +83,7 @@ class FleetEvents:
 
     def remeasured(self, inst: Instance, idle_for: float, unsure: float | None = None) -> None:
         """An instance that reads slow and taught nothing for ``idle_for`` s is measured again:
-        flagged, or ``unsure`` (its speed's ratio to the fleet's, on too little evidence)."""
+        flagged, or ``unsure`` (its speed's ratio to the fleet's, on an estimate in doubt)."""
         if unsure is None:
             why = "is flagged slow"
         else:

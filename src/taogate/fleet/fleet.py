@@ -211,7 +211,7 @@ class Fleet:
         return flagged, cleared
 
     def unsure_slow(self) -> dict[str, float]:
-        """The unflagged instances reading below the fleet, with their ratio to it (``unsure_slow``)."""
+        """The unflagged instances whose estimate leaves a doubt, with their ratio to the fleet's."""
         return unsure_slow(self._speed_stats(), self.slow)
 
     def all_inflight(self) -> int:
