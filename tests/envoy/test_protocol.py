@@ -19,10 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
-from taogate.picker.admit import FAIRNESS_ID
 from taogate.picker.encoding import CHUNK, DESTINATION
-from taogate.picker.objective import OBJECTIVE
-from taogate.picker.rewrite import MODEL_REWRITE
+from taogate.picker.names import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE
 from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
 from tests.conftest import ENV, KEY, gateway_settings, wait_until
 
@@ -332,8 +330,9 @@ async def _answer(talk: Conversation) -> None:
 @pytest.mark.parametrize("check_key", [False, True])
 async def test_behind_an_authenticating_gateway_its_flows_share_the_fleet(check_key: bool) -> None:
     """One slot; flow a holds it and queues two more, then flow b queues one. Where the gateway
-    authenticates, its fairness id names the flows: b goes before a's second waiting request.
-    Where taogate checks the key, a client's claim is no flow: first come, first served."""
+    authenticates, its fairness id names the flows (a's under the Inference Extension's header, b's
+    under llm-d's): b goes before a's second waiting request. Where taogate checks the key, a
+    client's claim is no flow: first come, first served."""
     async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
         settings = gateway_settings(fleet.urls, dispatch={"max_queue_per_instance": 1})
         async with (
@@ -346,7 +345,8 @@ async def test_behind_an_authenticating_gateway_its_flows_share_the_fleet(check_
             picks: list[asyncio.Task[Any]] = []
             for name, flow in (("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b")):
                 talk = talks[name] = Conversation(stub)
-                await talk.send(request_headers=_headers([*_request(), (FAIRNESS_ID.decode(), flow)]))
+                named = FAIRNESS_ID[0] if flow == "a" else b"x-llm-d-router-inference-fairness-id"
+                await talk.send(request_headers=_headers([*_request(), (named.decode(), flow)]))
                 await talk.send(request_body=pb.HttpBody(body=_chat(name * 50), end_of_stream=True))
                 picks.append(asyncio.create_task(talk.read()))
                 await wait_until(lambda: gateway.dispatcher.queued == len(talks) - 1, what="queued")
@@ -385,7 +385,7 @@ async def test_the_objective_a_request_names_sets_its_place_in_the_queue() -> No
 
             async def ask(name: str, objective: str | None) -> Conversation:
                 talk = Conversation(stub)
-                named = [(OBJECTIVE.decode(), objective)] if objective else []
+                named = [(OBJECTIVE[0].decode(), objective)] if objective else []
                 await talk.send(request_headers=_headers([*_request(), *named]))
                 await talk.send(request_body=pb.HttpBody(body=_chat(name * 50), end_of_stream=True))
                 return talk
@@ -428,7 +428,9 @@ async def test_the_model_the_gateway_names_replaces_the_bodys() -> None:
             await wait_until(lambda: all(i.models for i in fleet_state), what="models learned")
             stub = pb_grpc.ExternalProcessorStub(channel)
             talk = Conversation(stub)
-            await talk.send(request_headers=_headers([*_request(), (MODEL_REWRITE.decode(), "canary-model")]))
+            await talk.send(
+                request_headers=_headers([*_request(), (MODEL_REWRITE[0].decode(), "canary-model")])
+            )
             await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
             picked = _set((await talk.read()).request_headers.response)[DESTINATION].decode()
             assert picked == fleet_state.get("i1").spec.host
@@ -437,7 +439,7 @@ async def test_the_model_the_gateway_names_replaces_the_bodys() -> None:
             await _answer(talk)
 
             bad = Conversation(stub)
-            await bad.send(request_headers=_headers([*_request(), (MODEL_REWRITE.decode(), "two words")]))
+            await bad.send(request_headers=_headers([*_request(), (MODEL_REWRITE[0].decode(), "two words")]))
             await bad.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
             refused = (await bad.read()).immediate_response
             assert refused.status.code == 400

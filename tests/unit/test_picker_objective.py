@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogate.picker.objective import OBJECTIVE, Objectives, objective_class
+from taogate.picker.names import OBJECTIVE
+from taogate.picker.objective import Objectives, objective_class
 from taogate.proxy.priority import HEADER
 from taogate.settings import ConfigError, Settings
 
@@ -34,7 +35,7 @@ def test_a_higher_priority_is_never_a_later_class(table: dict[str, int]) -> None
 
 
 def test_the_objective_stands_in_for_the_clients_own_claim() -> None:
-    headers = [(b"content-type", b"application/json"), (HEADER, b"-99"), (OBJECTIVE, b"batch")]
+    headers = [(b"content-type", b"application/json"), (HEADER, b"-99"), (OBJECTIVE[0], b"batch")]
     out, sheddable = Objectives().read(headers, TABLE)
     assert [v for k, v in out if k == HEADER] == [b"5"]
     assert (b"content-type", b"application/json") in out
@@ -45,18 +46,18 @@ def test_the_objective_stands_in_for_the_clients_own_claim() -> None:
     ("name", "sheddable"), [(b"critical", False), (b"standard", False), (b"batch", True)]
 )
 def test_only_a_negative_priority_is_sheddable(name: bytes, sheddable: bool) -> None:
-    assert Objectives().read([(OBJECTIVE, name)], TABLE)[1] is sheddable
+    assert Objectives().read([(OBJECTIVE[0], name)], TABLE)[1] is sheddable
     assert Objectives().read([(HEADER, b"7")], TABLE)[1] is False  # a class claimed is no objective
 
 
 def test_an_unknown_objective_is_said_once_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     objectives = Objectives()
-    headers = [(HEADER, b"-1"), (OBJECTIVE, b"gold")]
+    headers = [(HEADER, b"-1"), (OBJECTIVE[0], b"gold")]
     with caplog.at_level(logging.WARNING, logger="taogate.picker"):
         for _ in range(3):
             assert objectives.read(headers, TABLE) == (headers, False)
         for i in range(200):  # a client's endless names: said for the first few only, cut short
-            objectives.read([(OBJECTIVE, f"name-{i}-".encode() * 1000)], TABLE)
+            objectives.read([(OBJECTIVE[0], f"name-{i}-".encode() * 1000)], TABLE)
     said = [r.getMessage() for r in caplog.records]
     assert sum("'gold' is not in [picker] objectives" in m for m in said) == 1
     assert len(said) == 64
@@ -74,3 +75,12 @@ def test_an_unknown_objective_is_said_once_and_changes_nothing(caplog: pytest.Lo
 def test_the_config_names_a_bad_objective(table: dict[str, int], says: str) -> None:
     with pytest.raises((ValueError, ConfigError), match=says):
         Settings(picker={"objectives": table})
+
+
+def test_llm_ds_names_for_the_objective_are_read_too_the_inference_extensions_first() -> None:
+    for name in (b"x-llm-d-router-inference-objective", b"x-llm-d-inference-objective"):
+        headers, sheddable = Objectives().read([(name, b"batch")], TABLE)
+        assert (HEADER, b"5") in headers and sheddable
+    both = [(b"x-llm-d-inference-objective", b"batch"), (OBJECTIVE[0], b"critical")]
+    headers, sheddable = Objectives().read(both, TABLE)
+    assert (HEADER, b"-10") in headers and not sheddable

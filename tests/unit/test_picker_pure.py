@@ -1,4 +1,5 @@
-"""Picker mode's pure pieces: header changes, subset hints and served endpoints, body chunks."""
+"""Picker mode's pure pieces: header changes, subset hints and served endpoints (under the
+Inference Extension's keys and llm-d's), body chunks."""
 
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def test_served_endpoint() -> None:
     assert served_endpoint(None) is None
     meta = _metadata("envoy.lb", "x-gateway-destination-endpoint-served", "10.0.0.3:8000")
     assert served_endpoint(meta) == "10.0.0.3:8000"
+
+
+def test_llm_ds_metadata_keys_are_read_too() -> None:
+    subset = _metadata(
+        "envoy.lb.subset_hint", "x-llm-d-router-destination-endpoint-subset", ["10.0.0.1:8000"]
+    )
+    assert subset_hint(subset) == {"10.0.0.1:8000"}
+    served = _metadata("envoy.lb", "x-llm-d-router-destination-endpoint-served", "10.0.0.3:8000")
+    assert served_endpoint(served) == "10.0.0.3:8000"
 
 
 @settings(deadline=None, max_examples=40)

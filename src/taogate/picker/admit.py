@@ -26,6 +26,7 @@ from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
 from taogate.picker.encoding import Headers
 from taogate.picker.hints import excluded_by_subset
+from taogate.picker.names import FAIRNESS_ID, first_header
 from taogate.picker.objective import Objectives
 from taogate.picker.rewrite import rewritten_model
 from taogate.proxy.auth import header
@@ -37,11 +38,10 @@ from taogate.request_record import RequestRecord
 from taogate.tenancy import limiter
 from taogate.tenancy.keys import Tenant
 
-__all__ = ["FAIRNESS_ID", "Admission", "Answer", "Picked", "Refused", "header_changes", "refused"]
+__all__ = ["Admission", "Answer", "Picked", "Refused", "header_changes", "refused"]
 
 #: The Inference Extension's header naming a request's flow for fair share, set by the gateway in
 #: front: read only where that gateway authenticates (a client's own claim is not trusted).
-FAIRNESS_ID = b"x-gateway-inference-fairness-id"
 _FLOW = re.compile(rb"[\x21-\x7e]{1,128}")  # visible ASCII, as header values usually are
 
 
@@ -142,12 +142,13 @@ class Admission:
 
     def flow(self, headers: Headers) -> str | None:
         """The fair share's name for the request where the gateway in front authenticates and
-        names its flow (``FAIRNESS_ID``); None otherwise, or for a malformed name."""
+        names its flow (``names.FAIRNESS_ID``); None otherwise, or for a malformed name."""
         if self.check_key:
             return None
-        value = header(headers, FAIRNESS_ID)
-        if value is None or _FLOW.fullmatch(value) is None:
+        found = first_header(headers, FAIRNESS_ID)
+        if found is None or _FLOW.fullmatch(found[1]) is None:
             return None
+        value = found[1]
         return "flow:" + value.decode("ascii")  # never a key's name, which has no colon
 
     async def pick(

@@ -2,7 +2,8 @@
 that really served a request; and the instances those ``ip:port`` endpoints name.
 
 A subset may come as a list of ``ip:port`` strings (the protocol's form) or as one comma-separated
-string (what a header-to-metadata filter produces); both are read.
+string (what a header-to-metadata filter produces); both are read, under the Inference Extension's
+key or llm-d's (``picker.names``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from taogate.fleet.instance import Instance
+from taogate.picker.names import SERVED, SUBSET
 
 __all__ = [
-    "SERVED",
     "SERVED_NAMESPACE",
-    "SUBSET",
     "SUBSET_NAMESPACE",
     "excluded_by_subset",
     "instance_at",
@@ -24,16 +24,16 @@ __all__ = [
 ]
 
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET = "x-gateway-destination-endpoint-subset"
 SERVED_NAMESPACE = "envoy.lb"
-SERVED = "x-gateway-destination-endpoint-served"
 
 
-def _field(metadata: Any, namespace: str, key: str) -> Any | None:
-    """``metadata_context.filter_metadata[namespace][key]`` as a protobuf Value, or None."""
+def _field(metadata: Any, namespace: str, keys: tuple[str, ...]) -> Any | None:
+    """``metadata_context.filter_metadata[namespace][key]`` as a protobuf Value, under the first of
+    ``keys`` present, or None."""
     if metadata is None or namespace not in metadata.filter_metadata:
         return None
-    return metadata.filter_metadata[namespace].fields.get(key)
+    fields = metadata.filter_metadata[namespace].fields
+    return next((fields[key] for key in keys if key in fields), None)
 
 
 def _strings(value: Any) -> list[str]:

@@ -1,6 +1,7 @@
 """A request's InferenceObjective, as the Inference Extension names it, turned into its priority class.
 
-The gateway in front (or the client) names the objective in ``x-gateway-inference-objective``;
+The gateway in front (or the client) names the objective in ``x-gateway-inference-objective`` (or
+llm-d's name for it, ``picker.names``);
 ``[picker] objectives`` gives each name the priority of its InferenceObjective, where a higher
 priority is served first. taogate's class is vLLM's, where a lower value goes first, so an objective
 of priority p is the class -p. It stands in for the request's own claim (``X-Priority``, the body's
@@ -14,12 +15,11 @@ import logging
 from collections.abc import Mapping
 
 from taogate.picker.encoding import Headers
-from taogate.proxy.auth import header
+from taogate.picker.names import OBJECTIVE, first_header
 from taogate.proxy.priority import HEADER
 
-__all__ = ["OBJECTIVE", "Objectives", "objective_class"]
+__all__ = ["Objectives", "objective_class"]
 
-OBJECTIVE = b"x-gateway-inference-objective"
 #: Unknown names said once each, up to this many (a client could send endless names).
 _SAY_AT_MOST = 64
 
@@ -45,7 +45,8 @@ class Objectives:
         """(``headers`` with the class of the objective they name as ``X-Priority``, in place of
         any the client sent, or as they are when they name none that is configured; whether the
         objective is sheddable)."""
-        name = header(headers, OBJECTIVE)
+        found = first_header(headers, OBJECTIVE)
+        name = None if found is None else found[1]
         priority = objective_class(name, objectives)
         if priority is None:
             said = None if name is None else name[:253]  # an object name's length at most

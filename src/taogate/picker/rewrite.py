@@ -1,6 +1,7 @@
 """The model the gateway in front names for a request, in place of the one its body asks for.
 
-The Inference Extension's ``x-gateway-model-name-rewrite`` header lets the gateway send a request to
+The Inference Extension's ``x-gateway-model-name-rewrite`` header (or llm-d's name for it,
+``picker.names``) lets the gateway send a request to
 another model or adapter (a canary, a LoRA) without the client knowing: the picker writes the name
 into the JSON body before anything reads it, so dispatch, the instance and the usage all see the
 rewritten model. An upload's form keeps its own model.
@@ -12,24 +13,23 @@ import re
 
 from taogate.errors import BadRequest
 from taogate.picker.encoding import Headers
-from taogate.proxy.auth import header
+from taogate.picker.names import MODEL_REWRITE, first_header
 
-__all__ = ["MODEL_REWRITE", "rewritten_model"]
+__all__ = ["rewritten_model"]
 
-MODEL_REWRITE = b"x-gateway-model-name-rewrite"
 #: A model name as vLLM serves one (``--served-model-name``, a Hugging Face id, an adapter's name).
 _NAME = re.compile(rb"[\x21-\x7e]{1,256}")
 
 
 def rewritten_model(headers: Headers) -> str | None:
     """The model the header names, or None without one; a malformed name is a 400."""
-    value = header(headers, MODEL_REWRITE)
-    if value is None:
+    found = first_header(headers, MODEL_REWRITE)
+    if found is None:
         return None
-    value = value.strip()
+    name, value = found[0], found[1].strip()
     if _NAME.fullmatch(value) is None:
         raise BadRequest(
-            "The x-gateway-model-name-rewrite header must name a model: 1-256 visible ASCII characters.",
+            f"The {name.decode()} header must name a model: 1-256 visible ASCII characters.",
             code="invalid_model",
             param="model",
         )
