@@ -99,14 +99,9 @@ async def test_a_card_turned_slow_and_starved_before_it_is_flagged_is_measured_u
         dispatch = {"warmup_tokens": 1024, "health_check_interval": 0.2, "remeasure_after": 0.5}
         settings = settings_for(fleet.urls, names=["a", "b", "turned"], dispatch=dispatch)
         async with serve_gateway(settings) as gate, client() as http:
-
-            async def warmed() -> bool:
-                return all(row["speed_samples"] >= 1 for row in (await admin_rows(http, gate)).values())
-
-            for _ in range(100):
-                if await warmed():
-                    break
-                await asyncio.sleep(0.05)
+            speeds = gate.app.gateway.fleet.speeds
+            warmed = lambda: all(speeds.samples(name) >= 1 for name in ("a", "b", "turned"))  # noqa: E731
+            await wait_until(warmed, within=10.0, what="the warm-ups in")
             fleet.instances[2].faults.throttle = 5.0
             burst = await asyncio.gather(*(complete(http, gate, words(1_000, seed=k)) for k in range(3)))
             served = [r.headers["x-taogate-instance"] for r in burst]
