@@ -40,9 +40,10 @@ from taogate.tenancy.keys import Tenant
 
 __all__ = ["Admission", "Answer", "Picked", "Refused", "header_changes", "refused"]
 
-#: The Inference Extension's header naming a request's flow for fair share, set by the gateway in
-#: front: read only where that gateway authenticates (a client's own claim is not trusted).
-_FLOW = re.compile(rb"[\x21-\x7e]{1,128}")  # visible ASCII, as header values usually are
+#: A flow's name for fair share (``names.FAIRNESS_ID``, set by the gateway in front, read only where
+#: that gateway authenticates: a client's own claim is not trusted): visible ASCII, as header values
+#: usually are.
+_FLOW = re.compile(rb"[\x21-\x7e]{1,128}")
 
 
 def header_changes(before: Headers, after: Headers) -> tuple[Headers, list[bytes]]:
@@ -148,8 +149,7 @@ class Admission:
         found = first_header(headers, FAIRNESS_ID)
         if found is None or _FLOW.fullmatch(found[1]) is None:
             return None
-        value = found[1]
-        return "flow:" + value.decode("ascii")  # never a key's name, which has no colon
+        return "flow:" + found[1].decode("ascii")  # never a key's name, which has no colon
 
     async def pick(
         self,

@@ -1,12 +1,12 @@
 """A request's InferenceObjective, as the Inference Extension names it, turned into its priority class.
 
 The gateway in front (or the client) names the objective in ``x-gateway-inference-objective`` (or
-llm-d's name for it, ``picker.names``);
-``[picker] objectives`` gives each name the priority of its InferenceObjective, where a higher
-priority is served first. taogate's class is vLLM's, where a lower value goes first, so an objective
-of priority p is the class -p. It stands in for the request's own claim (``X-Priority``, the body's
-``priority``), and the key's ``max_priority`` ceiling still applies to it. As in the Inference
-Extension, an objective of negative priority is sheddable: refused at once where it would wait.
+llm-d's name for it, ``picker.names``); ``[picker] objectives`` gives each name the priority of its
+InferenceObjective, where a higher priority is served first. taogate's class is vLLM's, where a
+lower value goes first, so an objective of priority p is the class -p. It stands in for the
+request's own claim (``X-Priority``, the body's ``priority``), and the key's ``max_priority``
+ceiling still applies to it. As in the Inference Extension, an objective of negative priority is
+sheddable: refused at once where it would wait.
 """
 
 from __future__ import annotations

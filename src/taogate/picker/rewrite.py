@@ -1,10 +1,10 @@
 """The model the gateway in front names for a request, in place of the one its body asks for.
 
 The Inference Extension's ``x-gateway-model-name-rewrite`` header (or llm-d's name for it,
-``picker.names``) lets the gateway send a request to
-another model or adapter (a canary, a LoRA) without the client knowing: the picker writes the name
-into the JSON body before anything reads it, so dispatch, the instance and the usage all see the
-rewritten model. An upload's form keeps its own model.
+``picker.names``) lets the gateway send a request to another model or adapter (a canary, a LoRA)
+without the client knowing: the picker writes the name into the JSON body before anything reads
+it, so dispatch, the instance and the usage all see the rewritten model. An upload's form keeps its
+own model.
 """
 
 from __future__ import annotations
