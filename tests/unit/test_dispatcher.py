@@ -12,6 +12,7 @@ import pytest
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
+from taogate.errors import Overloaded
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.instance_settings import InstanceSettings
@@ -148,3 +149,14 @@ def test_a_follower_in_flight_is_booked_as_vllm_charges_it_and_a_first_token_mak
     assert late is not None and late[1].work is not None and late[1].work <= 48
     for lease, _ in (leader, follower, late):
         lease.release()
+
+
+async def test_a_sheddable_request_is_refused_where_it_would_wait() -> None:
+    _, d = one_slot_fleet(queue_timeout=5.0)
+    got = d.try_acquire(FACTS)
+    assert got is not None
+    with pytest.raises(Overloaded) as shed:
+        await d.wait_for_slot(FACTS, frozenset(), shed=True)
+    assert shed.value.code == "shed" and shed.value.status == 429 and shed.value.retry_after
+    assert d.queued == 0  # it never joined the queue
+    got[0].release()

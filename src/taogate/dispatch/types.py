@@ -32,7 +32,7 @@ PickReason = Literal[
 ]
 
 #: Why a request was not sent now; bounded, used as a metric label.
-RefuseReason = Literal["no_instance", "queue_full", "queue_timeout", "model_not_found"]
+RefuseReason = Literal["no_instance", "queue_full", "queue_timeout", "model_not_found", "shed"]
 
 
 @dataclass(frozen=True, slots=True)

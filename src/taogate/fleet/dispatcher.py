@@ -211,8 +211,12 @@ class Dispatcher:
                 f"({self.fleet.describe_unavailable(self._clock())}).",
                 retry_after=max(1, math.ceil(self.fleet.health_interval)),
             )
+        if refuse.reason == "shed":
+            why = ", and this request's objective has a negative priority: it is shed, not queued."
+        else:
+            why = " and the gateway queue is full."
         return Overloaded(
-            "Every eligible instance is at max_queue_per_instance and the gateway queue is full.",
+            "Every eligible instance is at max_queue_per_instance" + why,
             code=refuse.reason,
             retry_after=self.retry_after(),
         )
@@ -228,8 +232,13 @@ class Dispatcher:
             raise self._refusal(got, facts)
         return None if isinstance(got, Wait) else got
 
-    async def wait_for_slot(self, facts: RequestFacts, exclude: frozenset[str]) -> tuple[Lease, Send, float]:
-        """Join the bounded queue until ``pump`` hands this request a slot (or 429)."""
+    async def wait_for_slot(
+        self, facts: RequestFacts, exclude: frozenset[str], *, shed: bool = False
+    ) -> tuple[Lease, Send, float]:
+        """Join the bounded queue until ``pump`` hands this request a slot (or 429). A ``shed``
+        request (sheddable, as the Inference Extension's negative priorities are) never waits."""
+        if shed:
+            raise self._refusal(Refuse("shed"), facts)
         if len(self._waiters) >= self.queue_size:
             raise self._refusal(Refuse("queue_full"), facts)
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ import orjson
 from taogate.app import unknown_path_message
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound, Overloaded
+from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
 from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
 from taogate.picker.encoding import Headers
@@ -268,15 +268,8 @@ class Admission:
             ready = dispatcher.try_acquire(facts, exclude)
             if ready is not None:
                 (lease, pick), waited = ready, 0.0
-            elif sheddable:
-                raise Overloaded(
-                    "Every eligible instance is at max_queue_per_instance, and this request's "
-                    "objective has a negative priority: it is shed, not queued.",
-                    code="shed",
-                    retry_after=dispatcher.retry_after(),
-                )
             else:
-                lease, pick, waited = await dispatcher.wait_for_slot(facts, exclude)
+                lease, pick, waited = await dispatcher.wait_for_slot(facts, exclude, shed=sheddable)
         except NotFound as exc:
             if hinted:  # the subset serves no such model: the protocol's answer is 503
                 raise NoInstance(
