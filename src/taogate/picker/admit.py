@@ -168,8 +168,10 @@ class Admission:
         gw = self.gateway
         plain = [(k, v) for k, v in headers if not k.startswith(b":")]
         classed, sheddable = self.objectives.read(plain, gw.settings.picker.objectives)
-        model = rewritten_model(plain) if route.body == "json" else None
-        incoming = await gw.pipeline.intake.read(route, classed, _once(body), tenant.max_priority, model)
+        rewrite = rewritten_model(plain) if route.body == "json" else None
+        incoming = await gw.pipeline.intake.read(
+            route, classed, _once(body), tenant.max_priority, rewrite=rewrite
+        )
         facts = incoming.facts
         rec.model = incoming.model
         rec.prompt_tokens_est = facts.prompt_tokens

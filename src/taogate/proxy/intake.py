@@ -275,9 +275,9 @@ class Intake:
         headers: list[tuple[bytes, bytes]],
         receive: Receive,
         ceiling: int = 0,
-        model: str | None = None,
+        rewrite: str | None = None,
     ) -> Incoming:
-        """``ceiling``: the most urgent priority class the client's key may claim; ``model``: the
+        """``ceiling``: the most urgent priority class the client's key may claim; ``rewrite``: the
         model the gateway in front names in place of a JSON body's own (picker mode), written into
         the body that goes on."""
         if route.body == "multipart":
@@ -296,8 +296,8 @@ class Intake:
             facts = RequestFacts(None, 1, False, priority=priority)
             return Incoming(body, None, facts, PromptSize(), self._tag(client_tag, False))
         payload = parse_json_object(body, g.max_json_items)
-        if model is not None:
-            payload["model"] = model
+        if rewrite is not None:
+            payload["model"] = rewrite
             body = orjson.dumps(payload)
         model = model_of(route, payload)
         priority, tell = resolve(ours, theirs, payload, route.priority, ceiling)
