@@ -22,10 +22,13 @@ the paced pair. Each server's CPU comes from ``/proc/<pid>/stat`` (utime + stime
 * CPU per relayed SSE event = (Δcpu − streams × CPU per request of the same round) / events,
   where events are the ``data: `` lines the client received.
 
-A closed loop of 32 workers over instant emulators saturates whatever is slowest, so its "added p50"
-is mostly the gateway's throughput limit (added ≈ 32/gateway_rps − 32/direct_rps), not the latency
-a request sees at real LLM request rates. A paced phase pair measures that too: open-loop arrivals
-at ``--paced-rate`` requests/s (at most ``--concurrency`` in flight), direct and through the gateway.
+A closed loop of 32 workers over instant emulators is a throughput limit (added ≈ 32/gateway_rps −
+32/direct_rps), not the latency a request sees at real LLM request rates. Its router, emulators and
+client share this machine's cores, so no router can add less than 32 × the CPU it costs them all per
+request / cores (printed beside each row, with the cores the loop kept busy); what it adds above
+that is time no process worked. A paced phase pair measures the latency at a real rate: open-loop
+arrivals at ``--paced-rate`` requests/s (at most ``--concurrency`` in flight), direct and through the
+gateway.
 
 Figures are the median over rounds; the machine is shared, so compare within one run only.
 Run: ``.venv/bin/python benchmarks/overhead.py [--requests 4000] [--rounds 3] [--json out.json]``.
@@ -64,6 +67,8 @@ IDLE_WINDOW_S = 3.0
 TARGET_CPU_PER_REQUEST_US = 100.0
 TARGET_CPU_PER_EVENT_US = 3.0
 TARGET_ADDED_P50_MS = 2.0
+#: The cores the closed loop shares: the router, the emulators and the load client all run here.
+CORES = os.cpu_count() or 1
 # The reference proxies were measured at "aiohttp directly" ~300 µs, httpx's default transport
 # ~1,900 µs and nginx ~28 µs of CPU per request. This machine's speed moves with its neighbours, so
 # they run in the same rounds as the gateway (benchmarks/reference_proxy.py, and nginx's least_conn
@@ -113,6 +118,11 @@ class Phase:
     @property
     def rps(self) -> float:
         return self.requests / self.wall
+
+    @property
+    def busy_cores(self) -> float:
+        """Cores the router, the emulators and the load client kept busy between them."""
+        return ((self.gateway_cpu or 0.0) + self.emulator_cpu + self.client_cpu) / self.wall
 
     def pct(self, q: float) -> float:
         s = sorted(self.latencies)
@@ -196,6 +206,14 @@ def _label(reference: str) -> str:
     return "nginx least_conn" if reference == "nginx" else f"FastAPI+{reference}"
 
 
+def cpu_bound_added_ms(router_us: float, others_us: float, direct_us: float, concurrency: int) -> float:
+    """The added p50 a closed loop would show if it kept every core of this machine busy: each
+    request through the router costs the machine the router's CPU and what it adds to the client's
+    and the emulators' (µs), and a CPU-bound closed loop's latency is concurrency × CPU per request
+    / cores. What a router adds above it is time no process worked: the convoy of the loop."""
+    return concurrency * (router_us + others_us - direct_us) / CORES / 1e3
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -210,6 +228,7 @@ class Round:
     sgateway: Phase
     pdirect: Phase
     pgateway: Phase
+    concurrency: int
 
     def figures(self) -> dict[str, float]:
         d, g, sd, sg = self.direct, self.gateway, self.sdirect, self.sgateway
@@ -232,6 +251,11 @@ class Round:
             "client_cpu_us_per_request_gateway": g.client_cpu / g.requests * 1e6,
             "direct_others_cpu_us_per_request": d.others_cpu_us,
             "others_cpu_us_per_request": g.others_cpu_us,
+            "direct_busy_cores": d.busy_cores,
+            "busy_cores": g.busy_cores,
+            "cpu_bound_added_p50_ms": cpu_bound_added_ms(
+                per_req * 1e6, g.others_cpu_us, d.others_cpu_us, self.concurrency
+            ),
             "stream_direct_p50_ms": sd.pct(0.5) * 1e3,
             "stream_gateway_p50_ms": sg.pct(0.5) * 1e3,
             "stream_direct_p99_ms": sd.pct(0.99) * 1e3,
@@ -256,6 +280,10 @@ class Round:
             f["logging_cost_us_per_request"] = f["gateway_info_cpu_us_per_request"] - per_req * 1e6
             f["gateway_info_added_p50_ms"] = (gi.pct(0.5) - d.pct(0.5)) * 1e3
             f["gateway_info_others_cpu_us_per_request"] = gi.others_cpu_us
+            f["gateway_info_busy_cores"] = gi.busy_cores
+            f["gateway_info_cpu_bound_added_p50_ms"] = cpu_bound_added_ms(
+                f["gateway_info_cpu_us_per_request"], gi.others_cpu_us, d.others_cpu_us, self.concurrency
+            )
         shipped = f.get("gateway_info_cpu_us_per_request", per_req * 1e6)  # the default config's
         for client, ref in self.references.items():
             assert ref.gateway_cpu is not None
@@ -264,28 +292,39 @@ class Round:
             f[f"ref_{client}_vs_then"] = ref_cpu / REFERENCE_CPU_US[client]
             f[f"ref_{client}_added_p50_ms"] = (ref.pct(0.5) - d.pct(0.5)) * 1e3
             f[f"ref_{client}_others_cpu_us_per_request"] = ref.others_cpu_us
+            f[f"ref_{client}_busy_cores"] = ref.busy_cores
+            f[f"ref_{client}_cpu_bound_added_p50_ms"] = cpu_bound_added_ms(
+                ref_cpu, ref.others_cpu_us, d.others_cpu_us, self.concurrency
+            )
             f[f"cpu_ratio_to_{client}"] = shipped / ref_cpu
         return f
 
 
 def summary(med: dict[str, float]) -> None:
     """The side-by-side table: each router's CPU per tiny request, the emulators' and load client's
-    beside it (the rest of the two cores the closed loop shares), and added p50 over direct."""
+    beside it (the rest of the cores the closed loop shares), added p50 over direct, the cores the
+    loop kept busy, and the added p50 its CPU would allow with every core busy."""
     rows = [
         ("taogate, default config (log info)", "gateway_info_"),
         ("taogate, log warning (no access log)", ""),
         *((f"{_label(client)} (reference)", f"ref_{client}_") for client in REFERENCE_CPU_US),
     ]
-    print("| router | CPU per request | emulators + client CPU per request | added p50 over direct |")
-    print("|---|---|---|---|")
+    print(
+        "| router | CPU per request | emulators + client CPU per request | added p50 over direct "
+        f"| cores busy, of {CORES} | added p50 with every core busy |"
+    )
+    print("|---|---|---|---|---|---|")
     for label, key in rows:
         cpu = f"{key}cpu_us_per_request" if key else "gateway_cpu_us_per_request"
         if cpu in med:
             others = med.get(f"{key}others_cpu_us_per_request", math.nan)
-            print(f"| {label} | {med[cpu]:,.0f} µs | {others:,.0f} µs | {med[f'{key}added_p50_ms']:.2f} ms |")
+            print(
+                f"| {label} | {med[cpu]:,.0f} µs | {others:,.0f} µs | {med[f'{key}added_p50_ms']:.2f} ms "
+                f"| {med[f'{key}busy_cores']:.2f} | {med[f'{key}cpu_bound_added_p50_ms']:.2f} ms |"
+            )
     print(
         f"| direct (4 emulators) | - | {med['direct_others_cpu_us_per_request']:,.0f} µs "
-        f"| p50 {med['direct_p50_ms']:.2f} ms |"
+        f"| p50 {med['direct_p50_ms']:.2f} ms | {med['direct_busy_cores']:.2f} | - |"
     )
 
 
@@ -413,6 +452,12 @@ def report(rounds: list[Round], args: argparse.Namespace) -> dict[str, Any]:
         + ", ".join(f"{f['gateway_cpu_us_per_sse_event']:.2f}" for f in figs)
         + f"; paced at {args.paced_rate:g} req/s, added p50 {med['paced_added_p50_ms']:.3f} ms,"
         + f" p99 {med['paced_added_p99_ms']:.3f} ms)"
+    )
+    info = "gateway_info_" if "gateway_info_busy_cores" in med else ""
+    print(
+        f"(closed loop: with every core busy, the default config's CPU would add "
+        f"{med[f'{info}cpu_bound_added_p50_ms']:.2f} ms; the loop kept {med[f'{info}busy_cores']:.2f} of "
+        f"{CORES} cores busy, direct {med['direct_busy_cores']:.2f})"
     )
     if errors:
         print(f"NON-200 / FAILED REQUESTS: {errors}")
@@ -543,7 +588,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 sg = await streams("stream-gateway", [gw_url], gw.pid, auth)
                 pd = await paced("paced-direct", urls, None, {})
                 pg = await paced("paced-gateway", [gw_url], gw.pid, auth)
-                rounds.append(Round(d, g, gi, rp, sd, sg, pd, pg))
+                rounds.append(Round(d, g, gi, rp, sd, sg, pd, pg, args.concurrency))
                 f = rounds[-1].figures()
                 print(
                     f"round {n + 1}/{args.rounds}: direct p50 {f['direct_p50_ms']:.3f} ms "
