@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
-from taogate.picker.encoding import CHUNK, DESTINATION
-from taogate.picker.names import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE
+from taogate.picker.encoding import CHUNK
+from taogate.picker.names import DESTINATION, FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE
 from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
 from tests.conftest import ENV, KEY, gateway_settings, wait_until
 
@@ -79,6 +79,10 @@ async def picker() -> AsyncIterator[tuple[RunningPicker, Any]]:
             yield running, channel
 
 
+#: The destination header the shipped Envoy bootstrap routes by.
+PICK = DESTINATION[0]
+
+
 def _set(answer: Any) -> dict[str, bytes]:
     return {h.header.key: h.header.raw_value for h in answer.header_mutation.set_headers}
 
@@ -96,9 +100,12 @@ async def test_pick_is_held_until_the_body_ends_and_the_served_endpoint_takes_th
     answer = await talk.read()
     assert answer.WhichOneof("response") == "request_headers"
     common = answer.request_headers.response
-    picked = _set(common)[DESTINATION].decode()
+    picked = _set(common)[PICK].decode()
     assert common.clear_route_cache
-    assert answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION].string_value == picked
+    lb = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    # Under the Inference Extension's name and llm-d's router's, header and metadata alike.
+    assert [_set(common)[name].decode() for name in DESTINATION] == [picked, picked]
+    assert [lb[name].string_value for name in DESTINATION] == [picked, picked]
     assert "authorization" in common.header_mutation.remove_headers  # the client's key stays here
     back = b""
     while True:
@@ -210,7 +217,7 @@ async def test_without_the_key_check_the_gateway_authenticates() -> None:
             await talk.send(request_headers=_headers(_request(key="the-gateways-own")))
             await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
             answer = (await talk.read()).request_headers.response
-            assert DESTINATION in _set(answer)
+            assert PICK in _set(answer)
             assert "authorization" in answer.header_mutation.remove_headers  # still not passed on
             talk.cancel()
 
@@ -263,7 +270,7 @@ async def test_named_keys_are_held_to_their_limits_as_under_serve() -> None:
                 return talk, await talk.read()
 
             first, picked = await ask("team-a-secret")
-            assert DESTINATION in _set(picked.request_headers.response)
+            assert PICK in _set(picked.request_headers.response)
             assert stats["team-a"].in_flight == 1
             _, busy = await ask("team-a-secret")  # its one slot is taken
             assert busy.immediate_response.status.code == 429
@@ -432,7 +439,7 @@ async def test_the_model_the_gateway_names_replaces_the_bodys() -> None:
                 request_headers=_headers([*_request(), (MODEL_REWRITE[0].decode(), "canary-model")])
             )
             await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
-            picked = _set((await talk.read()).request_headers.response)[DESTINATION].decode()
+            picked = _set((await talk.read()).request_headers.response)[PICK].decode()
             assert picked == fleet_state.get("i1").spec.host
             handed = (await talk.read()).request_body.response.body_mutation.streamed_response
             assert orjson.loads(handed.body)["model"] == "canary-model"

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from taogate.bench.procs import free_port
 from tests.conftest import KEY
 from tests.envoy import stack
 from tests.envoy.conftest import SLOW, TEAM_A_KEY, Stack
@@ -162,6 +163,27 @@ async def test_a_routes_model_rewrite_reaches_the_instance(envoy_stack: Stack) -
     assert unknown.status_code == 404, unknown.text
     assert rewritten.status_code == 200 and rewritten.json()["model"] == MODEL, rewritten.text
     assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_model"
+    await _idle(envoy_stack)
+
+
+async def test_an_envoy_set_up_for_llm_d_routes_by_the_pick_not_by_the_client(envoy_stack: Stack) -> None:
+    """An Envoy whose cluster routes by llm-d's router's name for the destination finds the pick
+    there, and a destination the client sends under that name (a closed port here) is overwritten:
+    the request reaches an instance."""
+    name = "x-llm-d-router-destination-endpoint"
+    doc = stack.bootstrap(free_port(), free_port(), [envoy_stack.picker.port])
+    cluster = next(c for c in doc["static_resources"]["clusters"] if "original_dst_lb_config" in c)
+    cluster["original_dst_lb_config"]["http_header_name"] = name
+    async with (
+        stack.envoy(envoy_stack.workdir, doc, name="envoy-llm-d") as envoy,
+        openai.AsyncOpenAI(base_url=envoy.api_base, api_key=KEY, max_retries=0, timeout=10) as client,
+    ):
+        plain = await client.completions.with_raw_response.create(model=MODEL, prompt="hi", max_tokens=2)
+        spoofed = await client.completions.with_raw_response.create(
+            model=MODEL, prompt="hi", max_tokens=2, extra_headers={name: f"127.0.0.1:{free_port()}"}
+        )
+    for raw in (plain, spoofed):
+        assert raw.status_code == 200 and raw.headers["x-taogate-instance"].startswith("emu")
     await _idle(envoy_stack)
 
 

@@ -15,9 +15,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
+from taogate.picker.names import DESTINATION
+
 __all__ = [
     "CHUNK",
-    "DESTINATION",
     "LB_NAMESPACE",
     "Headers",
     "body_chunks",
@@ -29,9 +30,9 @@ __all__ = [
     "trailers_answer",
 ]
 
-#: Where the pick goes: the request header and, under the ``envoy.lb`` namespace, dynamic metadata.
-DESTINATION = "x-gateway-destination-endpoint"
+#: The dynamic metadata's namespace the pick is written under (``names.DESTINATION``: its keys).
 LB_NAMESPACE = "envoy.lb"
+_PICKED = tuple(name.encode() for name in DESTINATION)
 CHUNK = 62_000
 
 Headers = list[tuple[bytes, bytes]]
@@ -61,12 +62,15 @@ def _mutation(set_headers: Iterable[tuple[bytes, bytes]], remove: Iterable[bytes
 
 def pick_answer(endpoints: Sequence[str], set_headers: Headers, remove: Sequence[bytes]) -> Any:
     """The answer to the request headers: the destination (an ordered list, the first preferred) in
-    the header and in ``envoy.lb`` metadata, the upstream header changes, and a cleared route cache
-    so that routing sees the new header."""
+    the headers and ``envoy.lb`` metadata keys of ``names.DESTINATION``, the upstream header
+    changes, and a cleared route cache so that routing sees the new header."""
     value = ",".join(endpoints)
-    headers = [(DESTINATION.encode(), value.encode()), *set_headers]
+    raw = value.encode()
+    headers = [*((name, raw) for name in _PICKED), *set_headers]
     metadata = struct_pb2.Struct()
-    metadata.update({LB_NAMESPACE: {DESTINATION: value}})
+    lb = metadata.fields[LB_NAMESPACE].struct_value
+    for name in DESTINATION:
+        lb.fields[name].string_value = value
     common = pb.CommonResponse(header_mutation=_mutation(headers, remove), clear_route_cache=True)
     return pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata
