@@ -154,12 +154,12 @@ async def test_compare_reads_settings_json_here_and_names_instances_as_the_gatew
     assert _per_instance(report) == {instance_label(u) for u in urls}
 
 
-async def test_diagnose_reads_config_toml_here_and_keeps_the_configured_names(tmp_path: Path) -> None:
+async def test_diagnose_reads_config_toml_here_its_names_and_its_cap(tmp_path: Path) -> None:
     async with fleet_and_gateway() as (urls, _):
         instances = "".join(
             f'[[instances]]\nurl = "{u}"\nname = "{n}"\n' for u, n in zip(urls, LONG, strict=True)
         )
-        (tmp_path / "config.toml").write_text(instances)
+        (tmp_path / "config.toml").write_text("[dispatch]\nmax_queue_per_instance = 12\n\n" + instances)
         _profile(tmp_path, ["http://127.0.0.1:9"])  # config.toml's instances win, as in serve
         out = tmp_path / "diagnose.json"
         done = await asyncio.to_thread(
@@ -169,6 +169,8 @@ async def test_diagnose_reads_config_toml_here_and_keeps_the_configured_names(tm
     report = json.loads(out.read_text())
     assert _per_instance(report) == set(LONG)
     assert all(name in done.stdout for name in LONG)
+    # Run A at config.toml's cap, as serve would run.
+    assert report["verdict"]["evidence"][0].startswith("cap 12"), report["verdict"]
     # The gateways' own log lines wait for the verdict, once each, instead of preceding the tables.
     assert "longer than the" not in done.stderr and "is slow" not in done.stderr, done.stderr
 

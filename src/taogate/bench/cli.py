@@ -58,6 +58,7 @@ from taogate.bench.runner import Target
 from taogate.bench.scenarios import Outcome, Scenario, fleet_capacity, fleet_configs
 from taogate.dispatch.types import STRATEGIES
 from taogate.emulator.config import EmulatorConfig
+from taogate.settings import DispatchSettings
 
 __all__ = ["bench", "demo", "diagnose"]
 
@@ -281,21 +282,22 @@ def diagnose(
         ),
     ] = 8,
     queue_cap: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--configured-cap",
             "--queue-cap",
-            help="Run A's max_queue_per_instance: the cap your gateway runs with (its default is 32).",
+            help="Run A's max_queue_per_instance: the cap your gateway runs with. Default: config.toml's "
+            "[dispatch] max_queue_per_instance, else 32.",
         ),
-    ] = 32,
+    ] = None,
     strategy: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--strategy",
             help="The strategy of diagnose's own gateway in both runs, as yours runs "
-            f"({', '.join(STRATEGIES)}).",
+            f"({', '.join(STRATEGIES)}). Default: config.toml's [dispatch] strategy, else least_busy.",
         ),
-    ] = "least_busy",
+    ] = None,
     probe: Annotated[
         bool,
         typer.Option(
@@ -335,9 +337,10 @@ def diagnose(
         file=file,
         capacity=fleet_capacity(configs) if configs else None,
     ).limited(max_requests)
+    configured = ep.dispatch or DispatchSettings()  # as serve would run: config.toml's, else defaults
     kwargs: dict[str, Any] = {
-        "strategy": strategy,
-        "cap": queue_cap,
+        "strategy": strategy or configured.strategy,
+        "cap": queue_cap or configured.max_queue_per_instance,
         "low_cap": cap,
         "probe": probe,
         "probe_tokens": prompt_tokens,

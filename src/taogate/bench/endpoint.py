@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import typer
@@ -19,6 +20,9 @@ from rich.markup import escape
 
 from taogate.client import api_base
 from taogate.emulator.config import EmulatorConfig
+
+if TYPE_CHECKING:
+    from taogate.settings import DispatchSettings
 
 __all__ = ["EMULATED_MODEL", "Endpoint", "fail", "resolve_endpoint"]
 
@@ -37,6 +41,7 @@ class Endpoint:
     instances: list[str]
     names: list[str]  # one per instance, by the rule every command shares (name, else host:port)
     key_error: str | None = None  # the profile's key could not be resolved (only a gateway needs it)
+    dispatch: DispatchSettings | None = None  # the ``[dispatch]`` serve would run with, when a file was read
 
     @property
     def api_base(self) -> str | None:
@@ -56,29 +61,34 @@ def _here(given: Path | None, name: str) -> Path | None:
     return here if here.exists() else None
 
 
-def _fleet(config: Path | None, profile: Path | None, urls: list[str] | None) -> list[tuple[str, str]]:
+def _fleet(
+    config: Path | None, profile: Path | None, urls: list[str] | None
+) -> tuple[list[tuple[str, str]], DispatchSettings | None]:
     """(url, name) per instance: ``--instance`` flags, else the instances ``serve`` would use
     (config.toml's ``[[instances]]``, else settings.json's ``vllm.instances``). A flag's URL that the
-    config names keeps that name."""
+    config names keeps that name. With them, the ``[dispatch]`` section serve would run with (None
+    when no file was read)."""
     from taogate.bench.report import instance_labels
     from taogate.config_files import load_settings
     from taogate.settings import ConfigError
 
     configured: list[tuple[str, str]] = []
+    dispatch = None
     if config is not None or profile is not None:
         try:
-            configured = [(i.url, i.label) for i in load_settings(config, profile).instances]
+            loaded = load_settings(config, profile)
         except ConfigError as exc:
             raise fail(str(exc)) from None
+        configured, dispatch = [(i.url, i.label) for i in loaded.instances], loaded.dispatch
     if not urls:
-        return configured
+        return configured, dispatch
     bases = [u.rstrip("/").removesuffix("/v1") for u in urls]
     named = dict(configured)
     # A URL given twice keeps host:port#2 for its second use: names must stay unique.
     return [
         (u, named.get(u, n) if "#" not in n else n)
         for u, n in zip(bases, instance_labels(bases), strict=True)
-    ]
+    ], dispatch
 
 
 def resolve_endpoint(
@@ -116,7 +126,7 @@ def resolve_endpoint(
                 profile_key = p.resolved_api_key()
             except ConfigError as exc:
                 key_error = f"{exc} (or pass --key)"
-    fleet = [] if emulate else _fleet(_here(config, "config.toml"), settings, instances)
+    fleet, dispatch = ([], None) if emulate else _fleet(_here(config, "config.toml"), settings, instances)
     return Endpoint(
         base_url=base_url or profile_base,
         key=key or profile_key or os.environ.get("TAOTOKEN_API_KEY", ""),
@@ -126,4 +136,5 @@ def resolve_endpoint(
         instances=[u for u, _ in fleet],
         names=[n for _, n in fleet],
         key_error=None if key or os.environ.get("TAOTOKEN_API_KEY") else key_error,
+        dispatch=dispatch,
     )
