@@ -1,11 +1,12 @@
 """``GatewayMetrics.series``: a request's children found with one lookup, exposed only once used,
-and dropped with an instance that left the fleet (then counted afresh, not into a removed child)."""
+and dropped with an instance that left the fleet (then counted afresh, not into a removed child);
+the priority class's bounded label."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from taogate.observe.metrics import GatewayMetrics
+from taogate.observe.metrics import GatewayMetrics, priority_label
 
 LABELS = ("completions", "m", "a", "2xx", "none")
 REQUESTS_A = (
@@ -50,3 +51,8 @@ def test_a_forgotten_instance_is_counted_afresh_not_into_its_removed_children() 
         in text
     )
     assert 'taogate_completion_tokens_total{instance="a"} 2.0' in text
+
+
+def test_priority_labels_are_bounded_and_urgent_classes_keep_their_own() -> None:
+    cases = {-10_000: "-9", -10: "-9", -9: "-9", -3: "-3", 0: "0", 3: "3", 9: "9", 10: "9", 2**63: "9"}
+    assert {p: priority_label(p) for p in cases} == cases

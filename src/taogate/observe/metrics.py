@@ -24,12 +24,14 @@ from taogate.observe.plain_metrics import HistogramChild, PlainCounter, PlainHis
 if TYPE_CHECKING:
     pass
 
-#: Priority classes as labels: clamped to 0-9, so a client cannot grow the label set.
-_PRIORITY_LABELS = tuple(str(i) for i in range(10))
+#: Priority classes as labels: clamped to -9..9, so a client cannot grow the label set, and the
+#: classes more urgent than the default (negative: an objective's, or a key's allowed claim) keep a
+#: label of their own.
+_PRIORITY_LABELS = {i: str(i) for i in range(-9, 10)}
 
 
 def priority_label(priority: int) -> str:
-    return _PRIORITY_LABELS[min(max(priority, 0), 9)]
+    return _PRIORITY_LABELS[min(max(priority, -9), 9)]
 
 
 #: The metrics ``GatewayMetrics.child`` takes: plain ones, and prometheus_client's.
@@ -79,13 +81,13 @@ class GatewayMetrics:
         )
         self.priority_requests = PlainCounter(
             "taogate_priority_requests",
-            "Requests answered, by priority class (clamped to 0-9) and status class.",
+            "Requests answered, by priority class (clamped to -9..9) and status class.",
             ["priority", "status_class"],
             registry=registry,
         )
         self.priority_queue_wait = PlainHistogram(
             "taogate_priority_queue_wait_seconds",
-            "Time requests waited in the gateway queue for a slot, by priority class (clamped to 0-9).",
+            "Time requests waited in the gateway queue for a slot, by priority class (clamped to -9..9).",
             ["priority"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
