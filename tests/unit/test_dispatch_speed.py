@@ -177,9 +177,10 @@ def test_the_further_below_the_less_evidence_a_flag_needs() -> None:
 
 
 def test_unflagged_cards_whose_estimate_leaves_a_doubt_are_named_with_their_ratio() -> None:
-    """What the re-measure round asks after: below the flag line on too little evidence, or between
-    it and the recovery line on samples that disagree; never a card steady between the lines, a
-    flagged one, a fast one or one unjudged. Each beside three cards at 30,000 tokens/s."""
+    """What the re-measure round asks after: below the flag line on too little evidence, or below
+    the recovery line on samples that disagree; never a card steady on enough samples (just under
+    the flag line, where no number of samples flags it, or between the lines), a flagged one, a fast
+    one or one unjudged. Each beside three cards at 30,000 tokens/s."""
     fast = SpeedStat(30_000, 40, 30.0)
 
     def unsure(card: SpeedStat, flagged: frozenset[str] = frozenset()) -> dict[str, float]:
@@ -190,6 +191,8 @@ def test_unflagged_cards_whose_estimate_leaves_a_doubt_are_named_with_their_rati
     assert unsure(few) == {"card": pytest.approx(0.2)}
     assert unsure(SpeedStat(21_000, 40, 30.0, spread=0.6)) == {"card": pytest.approx(0.7)}  # seen turning
     assert unsure(SpeedStat(21_000, 40, 30.0, spread=0.1)) == {}  # 0.7x, as its samples say
+    assert unsure(SpeedStat(16_500, 2, 2.0, spread=0.1)) == {"card": pytest.approx(0.55)}  # on 2 samples
+    assert unsure(SpeedStat(16_500, 40, 30.0, spread=0.1)) == {}  # 0.55x on 30: never flagged, not unsure
     assert unsure(SpeedStat(3_000, 40, 30.0)) == {}  # 0.1x on plenty: flagged instead
     assert unsure(SpeedStat(21_000, 40, 30.0, spread=0.6), frozenset({"card"})) == {}  # kept flagged
     assert unsure(SpeedStat(27_000, 40, 30.0, spread=0.6)) == {}  # 0.9x

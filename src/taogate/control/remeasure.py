@@ -4,11 +4,11 @@ Dispatch sends a slow card little or nothing, so its learned speed stops moving:
 slow (a stall during its warm-up, a neighbour since gone) would stay flagged and idle for ever, and
 one turned slow whose few samples do not yet make the detector sure would never be flagged. A card
 flagged slow, or unflagged on an estimate that leaves a doubt (``dispatch.slow.unsure_slow``), up,
-with none of our requests in flight, whose speed has taken no sample for ``[dispatch]
-remeasure_after`` seconds, gets the warm-up's prompts again. A flagged card's estimate is that
-old, so their answers replace it (a card misread as slow is cleared by one re-measure); an unsure
-one's answers add to its evidence, which is what it lacks. The slow-instance detector then runs on
-the result.
+neither draining nor overflow, with none of our requests in flight, whose speed has taken no
+sample for ``[dispatch] remeasure_after`` seconds, gets the warm-up's prompts again. A flagged
+card's estimate is that old, so their answers replace it (a card misread as slow is cleared by one
+re-measure); an unsure one's answers add to its evidence, which is what it lacks. The slow-instance
+detector then runs on the result.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A slow card (thermal throttling, a bad link, a noisy neighbour) made visible: ``
 runs ``slow_instances`` over ``SpeedEstimator.snapshot()`` after each probe and scrape round;
 ``fleet.events.FleetEvents.check_slow`` logs and counts each change.
 
-A card is flagged once its gap below the fleet, ``ln(ratio / relative)``, exceeds ``confidence``
+A card is flagged once its gap below the flag line, ``ln(ratio / relative)``, exceeds ``confidence``
 times the error of its estimate: ``spread / sqrt(evidence)``, where the spread is at least ``noise``
 and the evidence at most the EWMA's ``memory``. Dispatch starves a slow card of samples, so the
 evidence needed shrinks as the gap grows; an EWMA never becomes surer than its memory, so a card
@@ -85,12 +85,15 @@ def unsure_slow(
     stats: Mapping[str, SpeedStat], flagged: Collection[str] = frozenset(), rule: SlowRule = SlowRule()
 ) -> dict[str, float]:
     """The unflagged instances whose estimate leaves a doubt, with their ratio to the others' median:
-    under ``ratio`` on samples too few or too scattered for a flag, or under ``recover_ratio`` with
-    samples straying more than a real card's ``noise`` from it (a card seen turning slow). One
-    steadily between the two lines is not in doubt. ``flagged``: ``slow_instances``' result."""
+    under ``ratio`` on fewer samples than an estimate rests on (``memory``), or under
+    ``recover_ratio`` with samples straying more than a real card's ``noise`` from it (a card seen
+    turning slow). One steady on enough samples is not in doubt, just under the flag line (where no
+    number of samples flags it) or between the lines. ``flagged``: ``slow_instances``' result."""
+    settled = max(rule.memory, rule.min_evidence)
     return {
         name: rel
         for name, (rel, stat) in _relative(stats, rule).items()
         if name not in flagged
-        and (rel < rule.ratio or (rel < rule.recover_ratio and stat.spread > rule.noise))
+        and rel < rule.recover_ratio
+        and (stat.spread > rule.noise or (rel < rule.ratio and stat.evidence < settled))
     }
