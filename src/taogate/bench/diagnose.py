@@ -5,11 +5,12 @@ tries), then runs the same load through a loopback gateway twice: with the confi
 ``max_queue_per_instance`` (run A) and with it lowered to ``low_cap`` (run B). Every request has a
 prefix of its own, so prefix-cache hits cannot pass for an imbalance.
 
-``decide`` (pure), first match wins: **dispatch** (exit 1) when the lower cap fixed the latency;
-**slow** (exit 2) when it did not and an instance probes well below the median; **balanced**
-(exit 0) when run A's max/mean is within ``IMBALANCE_RATIO``; **inside** (exit 2) when it is still
-imbalanced with no slow instance: look inside vLLM and at what shares the instances' CPUs; **error**
-(exit 3) when a run had no successful request. The exact thresholds and their guards:
+``decide`` (pure), first match wins: **error** (exit 3) when a run had no successful request;
+**dispatch** (exit 1) when the lower cap fixed the latency (unless a slow card kept under its fair
+share explains it: then **slow**); **slow** (exit 2) when it did not and an instance probes well
+below the median (or, unprobed, reads so to the gateway's learning); **balanced** (exit 0) when run
+A's max/mean is within ``IMBALANCE_RATIO``; **inside** (exit 2) when it is still imbalanced with no
+slow instance: look inside vLLM and at what shares the instances' CPUs. The exact thresholds and their guards:
 benchmarks/README.md, "Design notes moved from the code".
 """
 

@@ -29,7 +29,8 @@ __all__ = ["Scraper"]
 
 log = logging.getLogger("taogate.health")
 
-#: A scrape may take this long before it is given up (vLLM has been seen to need several seconds).
+#: A scrape's read may take half of this (or ``health_timeout``, if longer), connect and head as
+#: long again, before it is given up (vLLM has been seen to need several seconds).
 SCRAPE_LIMIT: Final = 10.0
 #: The largest /metrics read (vLLM's is tens of KB; labels by the hundred, LoRA adapters, make more).
 METRICS_LIMIT: Final = 32 << 20

@@ -71,7 +71,8 @@ class Warmup:
             log.info("instance %s warmed up: prefill ~%.0f tokens/s", inst.name, speed)
 
     async def measure(self, inst: Instance, *, afresh: bool = False) -> bool:
-        """The four prompts, and what they teach; False when they taught nothing (off, refused).
+        """The four prompts, and what they teach; False when none was taught from (warm-up off, a
+        prompt failed or refused).
         ``afresh``: what the instance's speed rests on is stale, and their answers replace it."""
         settings = self._settings()
         tokens = settings.dispatch.warmup_tokens

@@ -9,8 +9,9 @@
   within one, the oldest waiter served at least once every ``oldest_every`` grants
   (``fleet.priority``), so no request waits while an
   eligible instance has room (work-conserving). Queue full or wait too long → 429 with Retry-After
-  from the drain rate;
-* ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none).
+  from the drain rate; a sheddable request (``shed``) is refused so at once instead of waiting;
+* ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none), also
+  to a waiter whose instances went away meanwhile.
 """
 
 from __future__ import annotations
@@ -235,8 +236,9 @@ class Dispatcher:
     async def wait_for_slot(
         self, facts: RequestFacts, exclude: frozenset[str], *, shed: bool = False
     ) -> tuple[Lease, Send, float]:
-        """Join the bounded queue until ``pump`` hands this request a slot (or 429). A ``shed``
-        request (sheddable, as the Inference Extension's negative priorities are) never waits."""
+        """Join the bounded queue until ``pump`` hands this request a slot (or 429; or 503 or 404 if
+        meanwhile no instance can take it). A ``shed`` request (sheddable, as the Inference
+        Extension's negative priorities are) never waits."""
         if shed:
             raise self._refusal(Refuse("shed"), facts)
         if len(self._waiters) >= self.queue_size:

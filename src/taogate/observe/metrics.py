@@ -1,13 +1,14 @@
 """The gateway's per-request ``taogate_*`` metrics, declared in one place on an injected registry.
 
-Counters and histograms updated once at the end of a request (never inside the picker), in plain
-numbers (``plain_metrics``). State (each instance's in-flight, queued prefill, health, breaker,
+Counters and histograms in plain numbers (``plain_metrics``), updated at a request's edges: the
+queue wait and the dispatch decision when a slot is taken, the rest once the request ends; never
+inside a dispatch decision. State (each instance's in-flight, queued prefill, health, breaker,
 engine scrape, speed; the keys' tallies; the upstream connections) is read from the live objects at
 scrape time by the collectors of ``collectors``, so it costs nothing per request.
 
 Label values are bounded: instance names come from config, tags from ``[prefill] tag`` (or ``none``),
 routes from the route table, models from what the instances serve (``unknown`` otherwise), priority
-classes clamped to 0-9, client keys from ``[[keys]]`` (and ``unified``).
+classes clamped to -9..9. The client keys' series are ``collectors``'.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class GatewayMetrics:
         )
         self.ttfb = PlainHistogram(
             "taogate_time_to_first_byte_seconds",
-            "Time from dispatch to the instance's first response byte (TTFT for streams).",
+            "Time from dispatch to the instance's first answer: a stream's first event (TTFT), a whole "
+            "answer's last byte.",
             ["route", "instance", "tag"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

@@ -6,7 +6,10 @@ answer comes from the same gateway parts ``serve`` builds (fleet, dispatcher, po
 leases), and the response flowing back through the stream feeds the same learning::
 
     encoding   protobuf answers: the pick, immediate errors, body chunks, header mutations
+    names      the header names and metadata keys read (the Inference Extension's, llm-d's) and written
     hints      subset hints and the served endpoint, from the gateway's metadata
+    objective  an InferenceObjective's name → a priority class (``[picker] objectives``)
+    rewrite    a route's model rewrite, written into the body
     admit      one request's headers and body → key check, intake, plan, lease
     tap        the response as it passes: TTFT, usage, the end, an abort → learner and lease
     servicer   the ext_proc stream, message by message

@@ -68,7 +68,7 @@ class Picked:
     forward: Forward
     lease: Lease
     rid: bytes
-    endpoint: str  # ip:port of the lease's instance
+    endpoint: str  # host:port of the lease's instance, as its URL names it (ip:port behind Envoy)
     set_headers: Headers
     remove: list[bytes]
     body: bytes  # what goes upstream

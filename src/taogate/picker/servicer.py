@@ -158,7 +158,8 @@ class _Stream:
         if self._route is None:
             return []
         limit = self._gateway.settings.gateway.max_body_bytes
-        if self._over <= limit:  # past the limit only the overflow is kept: the intake refuses it
+        # Kept up to the chunk that crosses the limit, only counted after it: the intake refuses it.
+        if self._over <= limit:
             self._body.append(chunk)
         self._over += len(chunk)
         if not end:
