@@ -72,10 +72,14 @@ def test_instance_flags_keep_the_names_the_config_gives_them(tmp_path: Path) -> 
     from taogate.bench.endpoint import _fleet
 
     config = tmp_path / "config.toml"
-    config.write_text('[[instances]]\nurl = "http://10.0.0.1:8000"\nname = "gpu-a"\n')
-    assert _fleet(config, None, None) == [("http://10.0.0.1:8000", "gpu-a")]
+    instance = '[[instances]]\nurl = "http://10.0.0.1:8000"\nname = "gpu-a"\n'
+    config.write_text("[dispatch]\nmax_queue_per_instance = 12\n" + instance)
+    fleet, dispatch = _fleet(config, None, None)
+    assert fleet == [("http://10.0.0.1:8000", "gpu-a")]
+    assert dispatch is not None and dispatch.max_queue_per_instance == 12  # what diagnose's run A uses
+    assert _fleet(None, None, ["http://10.0.0.1:8000"])[1] is None  # no file read: diagnose's defaults
     flags = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000", "http://10.0.0.1:8000"]
-    assert _fleet(config, None, flags) == [
+    assert _fleet(config, None, flags)[0] == [
         ("http://10.0.0.1:8000", "gpu-a"),
         ("http://10.0.0.2:8000", "10.0.0.2:8000"),
         ("http://10.0.0.1:8000", "10.0.0.1:8000#2"),

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from taogate.bench import workloads
 from taogate.bench.compare import run_compare, run_target
@@ -286,16 +287,20 @@ def diagnose(
         typer.Option(
             "--configured-cap",
             "--queue-cap",
-            help="Run A's max_queue_per_instance: the cap your gateway runs with. Default: config.toml's "
-            "[dispatch] max_queue_per_instance, else 32.",
+            help=escape(
+                "Run A's max_queue_per_instance: the cap your gateway runs with. Default: config.toml's "
+                "[dispatch] max_queue_per_instance, else 32."
+            ),
         ),
     ] = None,
     strategy: Annotated[
         str | None,
         typer.Option(
             "--strategy",
-            help="The strategy of diagnose's own gateway in both runs, as yours runs "
-            f"({', '.join(STRATEGIES)}). Default: config.toml's [dispatch] strategy, else least_busy.",
+            help=escape(
+                "The strategy of diagnose's own gateway in both runs, as yours runs "
+                f"({', '.join(STRATEGIES)}). Default: config.toml's [dispatch] strategy, else least_busy."
+            ),
         ),
     ] = None,
     probe: Annotated[
