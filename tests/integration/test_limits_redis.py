@@ -50,23 +50,31 @@ def redis_server() -> Iterator[RedisServer]:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     steps=st.lists(
-        st.tuples(st.integers(0, 4_000), st.integers(0, 300), st.integers(-200, 200)), min_size=1, max_size=30
+        st.tuples(
+            st.integers(0, 4_000),
+            st.integers(0, 300),
+            st.integers(-200, 200),
+            st.sampled_from([1_000, 2_500]),
+        ),
+        min_size=1,
+        max_size=30,
     )
 )
 def test_the_lua_script_counts_exactly_as_the_python_window(
-    redis_server: RedisServer, steps: list[tuple[int, int, int]]
+    redis_server: RedisServer, steps: list[tuple[int, int, int, int]]
 ) -> None:
-    """The same checks and settlements, at the same times, give the same counts in both."""
+    """The same checks and settlements, at the same times, give the same counts in both, a window
+    reloaded to another length included."""
 
     async def run() -> None:
         store = RedisStore(redis_server.url, timeout=2.0, prefix=f"t{time.monotonic_ns()}:")
         state = None
         now = 1_000_000
         try:
-            for advance, cost, correction in steps:
+            for advance, cost, correction, window in steps:
                 now += advance
-                got = await store.hit("k", 1_000, rpm=5, tpm=600, cost=cost, now_ms=now)
-                state, want = hit(state, now, 1_000, rpm=5, tpm=600, cost=cost)
+                got = await store.hit("k", window, rpm=5, tpm=600, cost=cost, now_ms=now)
+                state, want = hit(state, now, window, rpm=5, tpm=600, cost=cost)
                 assert got == want
                 if got.admitted and correction:
                     await store.settle("k", got.bucket, correction)

@@ -40,6 +40,19 @@ def test_tokens_are_settled_where_they_were_reserved_never_below_zero() -> None:
     assert (state.tok_prev, state.tok_cur) == (0, 0)
 
 
+def test_a_longer_window_reloaded_counts_afresh_instead_of_never_rolling() -> None:
+    """Bucket numbers of two lengths do not compare: raised from a minute to two, the old (larger)
+    bucket number was kept as "later", and the counts never rolled over again."""
+    state, _ = hit(None, 10 * W, W, rpm=2, tpm=0, cost=0)
+    state, _ = hit(state, 10 * W + 1, W, rpm=2, tpm=0, cost=0)
+    admitted = []
+    for minute in (11, 14, 17):  # two-minute buckets, each well past the last
+        state, counts = hit(state, minute * W, 2 * W, rpm=2, tpm=0, cost=0)
+        admitted.append(counts.admitted)
+    assert admitted == [True, True, True]
+    assert (state.bucket, state.window_ms) == (17 * W // (2 * W), 2 * W)
+
+
 def test_a_clock_that_steps_back_keeps_the_later_bucket() -> None:
     state = State(bucket=7, req_cur=2)
     state.roll(6)

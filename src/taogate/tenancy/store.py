@@ -38,10 +38,13 @@ if not now then
 end
 local bucket = math.floor(now / window)
 local frac = (now - bucket * window) / window
-local s = redis.call('HMGET', KEYS[1], 'b', 'rp', 'rc', 'tp', 'tc')
+local s = redis.call('HMGET', KEYS[1], 'b', 'rp', 'rc', 'tp', 'tc', 'w')
 local b = tonumber(s[1]) or bucket
 local rp, rc = tonumber(s[2]) or 0, tonumber(s[3]) or 0
 local tp, tc = tonumber(s[4]) or 0, tonumber(s[5]) or 0
+if tonumber(s[6]) ~= window then
+  b, rp, rc, tp, tc = bucket, 0, 0, 0, 0
+end
 if bucket == b + 1 then
   rp, tp, rc, tc = rc, tc, 0, 0
 elseif bucket > b + 1 then
@@ -63,7 +66,7 @@ if ok == 1 then
   rc = rc + 1
   tc = tc + cost
 end
-redis.call('HSET', KEYS[1], 'b', b, 'rp', rp, 'rc', rc, 'tp', tp, 'tc', tc)
+redis.call('HSET', KEYS[1], 'b', b, 'rp', rp, 'rc', rc, 'tp', tp, 'tc', tc, 'w', window)
 redis.call('PEXPIRE', KEYS[1], window * 2)
 if ok == 1 and maxc > 0 then
   local ttl = tonumber(ARGV[8])

@@ -3,8 +3,10 @@
 A limit counts in fixed buckets of ``window`` ms; what was used "in the last window" is the previous
 bucket's count, weighted by the share of it still inside the window, plus the current bucket's (a
 sliding window counter: two numbers per limit, exact for a steady rate, and never more than one
-bucket's count off). A request is admitted when one more request and its reserved tokens fit both
-limits; its tokens are settled from usage later, in the bucket that reserved them.
+bucket's count off). Counts kept in buckets of another length (``[limits] window`` reloaded) are
+dropped: bucket numbers of two lengths do not compare. A request is admitted when one more request
+and its reserved tokens fit both limits; its tokens are settled from usage later, in the bucket
+that reserved them.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ __all__ = ["Counts", "State", "duration", "hit", "reset_after", "settle", "used"
 
 @dataclass(slots=True)
 class State:
-    """One key's counters: the current bucket's number, and requests and tokens in it and before it."""
+    """One key's counters: the current bucket's number, and requests and tokens in it and before it,
+    in buckets of ``window_ms``."""
 
     bucket: int
     req_prev: int = 0
     req_cur: int = 0
     tok_prev: int = 0
     tok_cur: int = 0
+    window_ms: int = 0
 
     def roll(self, bucket: int) -> None:
         """Move to ``bucket``: the current counts become the previous ones, or both go stale."""
@@ -59,8 +63,8 @@ def hit(
     """Count one request of ``cost`` tokens if it fits (``rpm``/``tpm`` 0: no such limit)."""
     bucket = now_ms // window_ms
     frac = (now_ms - bucket * window_ms) / window_ms
-    if state is None:
-        state = State(bucket)
+    if state is None or state.window_ms != window_ms:
+        state = State(bucket, window_ms=window_ms)
     state.roll(bucket)
     ok = not (rpm > 0 and used(state.req_prev, state.req_cur, frac) + 1 > rpm) and not (
         tpm > 0 and used(state.tok_prev, state.tok_cur, frac) + cost > tpm
