@@ -229,6 +229,26 @@ async def test_reload_under_load_fails_no_request(gateway_factory: GatewayFactor
         assert_nothing_leaked(gw)
 
 
+async def test_a_removed_instance_s_last_answer_teaches_no_speed(gateway_factory: GatewayFactory) -> None:
+    """A request still running on an instance the reload removed ends well, and its answer does not
+    bring the instance back into the speed estimator, where it would skew the fleet's median."""
+    async with (
+        gateway_factory(fleet(2), gateway={"request_timeout": 30}) as gw,
+        httpx.AsyncClient(headers=AUTH, timeout=30) as h,
+    ):
+        g = gw.gateway
+        original = g.settings
+        running = asyncio.create_task(h.post(gw.api_base + "/completions", json=body(1, True, 40)))
+        await wait_for(lambda: g.fleet.all_inflight() == 1)
+        busy = next(i.name for i in g.fleet if i.inflight)
+        keep = [i for i in original.instances if i.label != busy]
+        g.reload(original.model_copy(update={"instances": keep}))
+        assert busy not in g.fleet.speeds.snapshot()
+        assert (await running).status_code == 200
+        await wait_for(lambda: g.fleet.all_inflight() == 0)
+        assert busy not in g.fleet.speeds.snapshot()
+
+
 async def _spawn_emulator(port: int) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

@@ -265,3 +265,19 @@ def test_views_cost_no_rebuild_while_nothing_changes() -> None:
     again = side.fleet.views(clock.now + 0.001)
     assert time.perf_counter() - started < 1.0
     assert all(a is b for a, b in zip(first, again, strict=True))
+
+
+def test_a_weight_changed_by_reload_prices_the_instance_at_once() -> None:
+    """The weight an instance is priced at before it has samples follows the config on reload."""
+    settings = _settings(4, 1.0, True, names=("a", "b"))
+    speeds = SpeedEstimator()
+    fleet = Fleet(settings, speeds)
+    fleet.apply(settings, specs_from_settings(settings, {}))
+    assert speeds.speed("b") == speeds.speed("a")
+    heavier = settings.model_copy(
+        update={
+            "instances": [settings.instances[0], settings.instances[1].model_copy(update={"weight": 2.0})]
+        }
+    )
+    _, _, changed = fleet.apply(heavier, specs_from_settings(heavier, {}))
+    assert changed == ["b"] and speeds.speed("b") == pytest.approx(2 * speeds.speed("a"))

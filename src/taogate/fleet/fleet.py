@@ -113,6 +113,8 @@ class Fleet:
                 continue
             if old.spec != spec:
                 changed.append(spec.name)
+                if old.spec.weight != spec.weight:  # what it learned stays, priced at the new weight
+                    self.speeds.seed(spec.name, spec.weight)
                 old.spec = spec  # live counters and health carry over; cap/role/key take effect now
             old.breaker.reconfigure(
                 failures=settings.dispatch.breaker_failures, cooldown=settings.dispatch.breaker_cooldown
@@ -125,7 +127,7 @@ class Fleet:
         removed = [n for n in self._instances if n not in new]
         for name in removed:
             inst = self._instances[name]
-            inst.draining = True
+            inst.draining = inst.retired = True
             if inst.inflight:
                 self._retired.append(inst)
             self.speeds.forget(name)

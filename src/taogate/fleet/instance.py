@@ -95,6 +95,7 @@ class Instance:
         self.breaker_closed = True  # ``breaker.closed``, kept by its moves (read per dispatch)
         self._models: frozenset[str] = frozenset()
         self._draining = False
+        self.retired = False  # removed from the fleet (``Fleet.apply``): its answers teach no speed
         self._inflight = 0
         self._prefilling = 0
         self._prefill_tokens = 0

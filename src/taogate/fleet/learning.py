@@ -77,9 +77,9 @@ class Learning:
                 self._calibrated[model] = now
                 if len(self._calibrated) > len(tokens):  # models the estimator has evicted
                     self._calibrated = {m: t for m, t in self._calibrated.items() if tokens.observations(m)}
-        if rec.ttfb is None:
-            return
         inst = lease.instance
+        if rec.ttfb is None or inst.retired:  # a removed instance's speed is forgotten, not relearned
+            return
         name = inst.name
         total = prompt if prompt is not None else facts.prompt_tokens
         uncached = max(1, total - (cached or 0))
