@@ -10,6 +10,7 @@ from taogate.errors import NotFound
 from taogate.key_settings import LimitsSettings
 from taogate.proxy.auth import KeyCheck
 from taogate.proxy.priority import resolve
+from taogate.request_record import RequestRecord
 from taogate.settings import ConfigError, Settings
 from taogate.tenancy.fairshare import FairShare
 from taogate.tenancy.keys import KeyTable, Tenant, new_key
@@ -125,6 +126,19 @@ async def test_tokens_reserved_are_settled_from_usage_and_given_back_when_nothin
     with pytest.raises(RateLimited, match="alone is over the limit") as refused:
         await limiter.check(team, None, 5000)
     assert refused.value.retry_after is None
+
+
+async def test_fair_share_is_charged_what_was_served_however_many_attempts_it_took() -> None:
+    """Each attempt is charged the prompt estimate at dispatch; the answer's usage replaces them all."""
+    team = Tenant("team")
+    limiter = limiter_for(team, clock=Clock())
+    admission = await limiter.check(team, None, 100)
+    for _ in range(3):  # dispatched three times: two attempts failed over
+        limiter.fair.charge(admission.share, 100)
+    rec = RequestRecord("r", "completions", 0.0, instance="i0", status=200, prompt_tokens_est=100)
+    rec.prompt_tokens, rec.completion_tokens, rec.retries = 120, 10, 2
+    limiter.release(admission, rec)
+    assert limiter.fair.counter(admission.share) == 130
 
 
 async def test_concurrency_is_a_lease_released_exactly_once() -> None:

@@ -289,7 +289,8 @@ class Limiter:
 
     def release(self, admission: Admission | None, rec: RequestRecord) -> None:
         """The pipeline's last step, whatever the path: ``finish`` from the request's record, and
-        its fair-share counter corrected from the prompt estimate charged at dispatch to its usage."""
+        its fair-share counter corrected from the prompt estimates charged at dispatch (one per
+        attempt: a retry is dispatched again) to its usage."""
         if admission is None:
             return
         served = rec.instance is not None
@@ -299,7 +300,7 @@ class Limiter:
         if served and (rec.prompt_tokens is not None or rec.completion_tokens):
             estimate = rec.prompt_tokens_est or 0
             used = (rec.prompt_tokens or estimate) + (rec.completion_tokens or 0)
-            self.fair.charge(admission.share, used - estimate)
+            self.fair.charge(admission.share, used - estimate * (rec.retries + 1))
 
     def finish(self, admission: Admission, prompt: int | None, completion: int | None, served: bool) -> None:
         """End of a request (idempotent): its concurrency slot back, its tokens tallied and settled
