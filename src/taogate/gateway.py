@@ -140,7 +140,6 @@ class Gateway:
             self.fleet,
             self.dispatcher,
             self.metrics,
-            breaker_cooldown=lambda: self.settings.dispatch.breaker_cooldown,
             clock=clock,
         )
         self.upstream = Upstream(settings.gateway)

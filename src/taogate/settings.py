@@ -209,6 +209,9 @@ class DispatchSettings(Section):
     )
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive request failures to eject.")
     breaker_cooldown: float = Field(default=15.0, gt=0, description="Seconds an ejected instance rests.")
+    breaker_max_cooldown: float = Field(
+        default=300.0, gt=0, description="Longest rest: each failed trial doubles it up to this."
+    )
     retry: RetrySettings = Field(default_factory=RetrySettings)
 
     @property

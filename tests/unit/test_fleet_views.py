@@ -281,3 +281,23 @@ def test_a_weight_changed_by_reload_prices_the_instance_at_once() -> None:
     )
     _, _, changed = fleet.apply(heavier, specs_from_settings(heavier, {}))
     assert changed == ["b"] and speeds.speed("b") == pytest.approx(2 * speeds.speed("a"))
+
+
+def test_the_breaker_rests_longer_after_each_failed_trial_up_to_the_configured_most() -> None:
+    """``breaker_cooldown`` doubles per failed trial up to ``breaker_max_cooldown``, as configured."""
+    settings = _settings(4, 1.0, True, names=("a",)).model_copy(
+        update={
+            "dispatch": DispatchSettings(breaker_failures=1, breaker_cooldown=2.0, breaker_max_cooldown=5.0)
+        }
+    )
+    fleet = Fleet(settings, SpeedEstimator())
+    fleet.apply(settings, specs_from_settings(settings, {}))
+    breaker, now, rests = fleet.get("a").breaker, 0.0, []
+    opened = breaker.record_failure(now)
+    for _ in range(3):
+        assert opened is not None
+        rests.append(opened.cooldown)
+        now += opened.cooldown
+        assert breaker.on_dispatch(now)  # the trial
+        opened = breaker.record_failure(now)
+    assert rests == [2.0, 4.0, 5.0]

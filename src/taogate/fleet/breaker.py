@@ -74,7 +74,8 @@ class Breaker:
         self.reconfigure(failures, cooldown, max_cooldown)
 
     def reconfigure(self, failures: int, cooldown: float, max_cooldown: float | None = None) -> None:
-        """New thresholds from a config reload; the current state and any cooldown in progress stay."""
+        """New thresholds from a config reload; the current state stays, and a cooldown in force
+        is kept within the new bounds."""
         if failures < 1:
             raise ValueError("failures must be at least 1")
         if cooldown <= 0:

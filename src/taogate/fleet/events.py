@@ -36,13 +36,11 @@ class FleetEvents:
         dispatcher: Dispatcher,
         metrics: TransitionCounter,
         *,
-        breaker_cooldown: Callable[[], float],
         clock: Callable[[], float],
     ) -> None:
         self._fleet = fleet
         self._dispatcher = dispatcher
         self._metrics = metrics
-        self._cooldown = breaker_cooldown
         self._clock = clock
 
     def _count(self, name: str, kind: str, to: str) -> None:
@@ -64,7 +62,7 @@ class FleetEvents:
         to = transition.to.value
         self._count(inst.name, "breaker", to)
         if to == "open":
-            cooldown = self._cooldown()
+            cooldown = transition.cooldown  # doubled after each failed trial
             log.warning("instance %s ejected for %.0fs after repeated request failures", inst.name, cooldown)
             # The queue is woken when the trial becomes possible: nothing else happens then.
             asyncio.get_running_loop().call_later(cooldown + 0.01, self._dispatcher.pump)

@@ -94,6 +94,7 @@ class Fleet:
             healthy_after=d.healthy_after,
             breaker_failures=d.breaker_failures,
             breaker_cooldown=d.breaker_cooldown,
+            breaker_max_cooldown=d.breaker_max_cooldown,
             assume_up=spec.overflow,
         )
 
@@ -116,9 +117,8 @@ class Fleet:
                 if old.spec.weight != spec.weight:  # what it learned stays, priced at the new weight
                     self.speeds.seed(spec.name, spec.weight)
                 old.spec = spec  # live counters and health carry over; cap/role/key take effect now
-            old.breaker.reconfigure(
-                failures=settings.dispatch.breaker_failures, cooldown=settings.dispatch.breaker_cooldown
-            )
+            d = settings.dispatch
+            old.breaker.reconfigure(d.breaker_failures, d.breaker_cooldown, d.breaker_max_cooldown)
             old.health.reconfigure(
                 unhealthy_after=settings.dispatch.unhealthy_after,
                 healthy_after=settings.dispatch.healthy_after,

@@ -73,6 +73,7 @@ class Instance:
         healthy_after: int,
         breaker_failures: int,
         breaker_cooldown: float,
+        breaker_max_cooldown: float | None = None,
         assume_up: bool = False,
     ) -> None:
         # The view dispatch last saw (``Fleet.views``), kept while nothing it shows has changed:
@@ -87,7 +88,7 @@ class Instance:
             unhealthy_after=unhealthy_after, healthy_after=healthy_after, on_move=self._health_moved
         )
         self.breaker = Breaker(
-            failures=breaker_failures, cooldown=breaker_cooldown, on_move=self._breaker_moved
+            breaker_failures, breaker_cooldown, breaker_max_cooldown, on_move=self._breaker_moved
         )
         # The overflow channel is a hosted endpoint we do not probe by default; assume it is up.
         self._assume_up = assume_up
