@@ -249,11 +249,12 @@ async def gateway(
     access_sink: Callable[[str], None] | None = None,
     emulators: int = 1,
     emulator: EmulatorConfig | None = None,
+    keys: list[dict[str, Any]] | None = None,
     **sections: dict[str, Any],
 ) -> AsyncIterator[Any]:
     """A gateway in front of instant emulators (``emu``, ``emu2``, ...: the neighbour's) and, with
-    ``answer``, a scripted instance serving ``HOSTILE``; yields (gateway, scripted instance or
-    None) once all are up."""
+    ``answer``, a scripted instance serving ``HOSTILE``, with ``keys`` as ``[[keys]]``; yields
+    (gateway, scripted instance or None) once all are up."""
     sections.setdefault("dispatch", {})
     sections["dispatch"] = {"scrape_interval": 0, "breaker_failures": 1000, **sections["dispatch"]}
     with contextlib.ExitStack() as stack:
@@ -263,6 +264,8 @@ async def gateway(
             emus = ["emu", *(f"emu{i + 1}" for i in range(1, emulators))]
             names = [*emus, *(["hostile"] if scripted else [])]
             settings = gateway_settings(urls, roles=None, names=names, **sections)
+            if keys is not None:
+                settings.keys = keys  # type: ignore[assignment]  # validated on assignment
             async with serve_gateway(settings, key=KEY, access_sink=access_sink) as gw:
                 if scripted is not None:
                     inst = gw.gateway.fleet.get("hostile")

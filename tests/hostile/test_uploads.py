@@ -4,6 +4,7 @@ within ``body_timeout``, like any body: a 408, the slot and the connection given
 
 from __future__ import annotations
 
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,3 +35,19 @@ async def test_a_stalled_upload_is_408_within_the_body_timeout_and_frees_its_slo
         assert b'"body_timeout"' in body and headers["connection"] == ["close"]
     if start.startswith(MODEL_FIELD):
         assert scripted is not None and len(scripted.heads) == 8  # they did hold slots, for a while
+
+
+async def test_an_upload_its_key_refuses_before_dispatch_ends_its_connection() -> None:
+    """A form refused after its ``model`` field by its key (a model it may not use) while the rest
+    of it is still coming: the answer ends the connection, whose unread rest cannot carry a next
+    request, at once instead of at the body timeout."""
+    digest = hashlib.sha256(b"uploader-secret").hexdigest()
+    keys = [{"name": "uploader", "key_sha256": digest, "models": ["another-model"]}]
+    async with gateway(swallow, keys=keys, gateway={"body_timeout": 10.0}) as (gw, scripted):  # type: ignore[arg-type]
+        took, answer = await in_thread(
+            stalled_upload, gw.url, MODEL_FIELD + FILE_START, 0.25, 40, "uploader-secret"
+        )
+    headers, body = head_and_body(answer)
+    assert status_of(answer) == 404 and b'"model_not_found"' in body, answer[:300]
+    assert headers["connection"] == ["close"] and took < 5.0, (headers, took)
+    assert scripted is not None and not scripted.heads  # nothing went upstream

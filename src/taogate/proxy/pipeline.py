@@ -35,7 +35,7 @@ from taogate.proxy.auth import KeyCheck, header
 from taogate.proxy.disconnect import DisconnectWatcher
 from taogate.proxy.exchange import Exchange
 from taogate.proxy.forward import plan
-from taogate.proxy.intake import ClientGone, ClientStalled, Intake, request_id
+from taogate.proxy.intake import ClientGone, ClientStalled, Incoming, Intake, request_id
 from taogate.proxy.multipart import ClientLeft
 from taogate.proxy.relay import relay_sse
 from taogate.proxy.responses import ResponseIds
@@ -149,7 +149,7 @@ class Pipeline:
         rec = RequestRecord(request_id=rid.decode(), route=route.kind, started=self.clock())
         ex: Exchange | None = None
         admission: Admission | None = None  # the client key's: held until the very end
-        read = False  # the body is in: an error before that closes the connection
+        incoming: Incoming | None = None  # read: an error before its body is all in closes the connection
         inflight = self.inflight
         inflight.count += 1
         inflight.idle.clear()
@@ -158,7 +158,6 @@ class Pipeline:
                 raise NoInstance("The gateway is shutting down.", retry_after=1)
             tenant = self.keys.check_request(headers, either=route.anthropic)
             incoming = await self.intake.read(route, headers, receive, tenant.max_priority)
-            read = True
             facts = incoming.facts
             rec.model = incoming.model
             rec.prompt_tokens_est = facts.prompt_tokens
@@ -196,8 +195,7 @@ class Pipeline:
             if rec.reject is None and refused.status in (400, 401, 404, 405, 408, 413, 415, 429, 503):
                 rec.reject = "auth" if refused.status == 401 else refused.code
             if ex is None or not ex.started:
-                unread = not read or (ex is not None and ex.forward.reading)  # an upload cut short
-                await _send_error(send, route.errors, refused, rid, close=unread)
+                await _send_error(send, route.errors, refused, rid, close=_unread(incoming))
         except Exception:  # a bug of ours: still an OpenAI-shaped 500, a log line, nothing held
             log.exception("request %s failed inside the gateway", rid.decode())
             rec.status = 500
@@ -206,7 +204,7 @@ class Pipeline:
                 error = GatewayError(
                     f"Internal gateway error (request id {rid.decode()}); see the gateway log."
                 )
-                await _send_error(send, route.errors, error, rid, close=not read)
+                await _send_error(send, route.errors, error, rid, close=_unread(incoming))
         finally:
             inflight.count -= 1
             if not inflight.count:
@@ -387,6 +385,12 @@ class Pipeline:
             if end.error != "stream_timeout":  # a long stream is the gateway's limit, not a fault
                 self.events.request_failed(inst)
         return end.error is None
+
+
+def _unread(incoming: Incoming | None) -> bool:
+    """The client's body is not all in (not read, or an upload still arriving): an error answered
+    now ends the connection, whose unread rest cannot carry the next request."""
+    return incoming is None or (incoming.upload is not None and not incoming.upload.done)
 
 
 async def _send_error(send: Send, shape: ErrorShape, exc: GatewayError, rid: bytes, *, close: bool) -> None:
