@@ -311,6 +311,42 @@ async def test_idle_connection_closed_by_the_server_is_replaced_transparently() 
         await p.aclose()
 
 
+async def test_a_request_that_lost_the_idle_race_is_sent_again_on_a_fresh_connection() -> None:
+    """Two idle connections the server drops as the next request arrives (the keep-alive race):
+    the request that lost it on one is sent again on a new connection, not on the other idle one."""
+
+    async def then_drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        await read_request(reader)  # the next request on this connection: dropped unanswered
+        writer.close()
+
+    async with script(then_drop) as s:
+        p = pool()
+        first = await asyncio.gather(*(p.request(s.origin, b"/", [], b"") for _ in range(2)))
+        for r in first:
+            assert await r.aread() == b"{}"
+        assert p.idle_connections == 2
+        r = await p.request(s.origin, b"/", [], b"")
+        assert await r.aread() == b"{}"
+        assert s.connections == 3
+        await p.aclose()
+
+
+async def test_waiters_woken_by_close_open_no_connection() -> None:
+    async with script(keep_alive) as s:
+        p = pool(limit=1)
+        held = await p.request(s.origin, b"/", [], b"")
+        waiter = asyncio.create_task(p.request(s.origin, b"/", [], b""))
+        await asyncio.sleep(0.02)
+        await p.aclose()
+        with pytest.raises(h1.ConnectError, match="closed"):
+            await waiter
+        assert s.connections == 1
+        held.close()
+
+
 async def test_idle_connections_expire_after_keepalive() -> None:
     async with script(keep_alive) as s:
         p = pool(keepalive=0.05)

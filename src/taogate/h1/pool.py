@@ -85,9 +85,12 @@ class Pool:
         head = _head(method, origin, path, headers, len(body))
         retried = False
         while True:
-            # The common case, a warm idle connection, without another coroutine.
-            idle = None if self._closed else self._pop_idle(origin, asyncio.get_running_loop().time())
-            conn, reused = (idle, True) if idle is not None else await self._acquire(origin)
+            # The common case, a warm idle connection, without another coroutine (not for the retry:
+            # another idle one may be closing too).
+            idle = (
+                None if self._closed or retried else self._pop_idle(origin, asyncio.get_running_loop().time())
+            )
+            conn, reused = (idle, True) if idle is not None else await self._acquire(origin, fresh=retried)
             r = conn.send(head, body)
             try:
                 while not r.headers_done:
@@ -129,11 +132,14 @@ class Pool:
         return r
 
     async def _acquire(self, origin: Origin, fresh: bool = False) -> tuple[Connection, bool]:
-        if self._closed:
-            raise ConnectError("the upstream pool is closed")
+        """A connection to ``origin``: an idle one (unless ``fresh``), a new one while under the
+        limit, else the first one released or slot freed. One handed over as it is released is
+        taken even when ``fresh``: it was just used, so no idle timer of the server's runs on it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.pool_timeout
         while True:
+            if self._closed:  # also for a waiter woken by ``aclose``
+                raise ConnectError("the upstream pool is closed")
             conn = None if fresh else self._pop_idle(origin, loop.time())
             if conn is not None:
                 return conn, True
