@@ -33,6 +33,17 @@ def test_usage_is_found_whatever_the_chunking(cuts: list[int]) -> None:
     assert tap.usage == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, len(STREAM) + 3), max_size=12, unique=True))
+def test_usage_is_found_in_crlf_framed_events_whatever_the_chunking(cuts: list[int]) -> None:
+    stream = STREAM.replace(b"\n", b"\r\n")
+    tap = UsageTap()
+    bounds = [0, *sorted(c for c in cuts if c < len(stream)), len(stream)]
+    ends = sum(tap.feed(stream[a:b]) for a, b in itertools.pairwise(bounds))
+    assert tap.usage == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert 1 <= ends <= 4
+
+
 def test_no_usage_no_parse() -> None:
     tap = UsageTap()
     tap.feed(b'data: {"choices":[]}\n\ndata: [DONE]\n\n')

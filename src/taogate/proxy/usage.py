@@ -49,7 +49,12 @@ class UsageTap:
             ended = split or b"\n\r\n" in chunk or edge.find(b"\n\r\n", max(0, len(tail) - 2)) >= 0
         self._tail = chunk[-2:] if len(chunk) >= 2 else (tail + chunk)[-2:]
         parts = self._parts
-        if parts:
+        if ended and not split:  # an event ended by CRLF (rare: vLLM's are LF): read it as LF
+            parts.append(chunk)
+            data = b"".join(parts).replace(b"\r\n", b"\n")
+            parts.clear()
+            self._size = 0
+        elif parts:
             if not split:
                 self._size += len(chunk)
                 if self._size > _MAX_PENDING:
