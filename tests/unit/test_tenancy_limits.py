@@ -68,6 +68,20 @@ def test_the_check_says_whose_key_a_request_carries() -> None:
             check.check_request(headers, either=False)
 
 
+def test_the_bearer_scheme_is_read_in_any_case_for_every_key() -> None:
+    """HTTP's scheme names are case-insensitive: the unified key once needed exactly ``Bearer``
+    when the named ones (and a fleet with none) did not."""
+    alone = KeyCheck("uni", "adm")
+    assert alone.check_request([(b"authorization", b"bearer uni")], either=False).name == "unified"
+    assert alone.check_request([(b"authorization", b"BEARER uni")], either=False).name == "unified"
+    alone.check_admin(b"bearer adm")
+    for refused in (b"Bearer uni", b"Basic adm", b"bearer", None):
+        with pytest.raises(Exception, match="admin key"):
+            alone.check_admin(refused)
+    with pytest.raises(Exception, match="API key"):
+        alone.check_request([(b"authorization", b"Token uni")], either=False)
+
+
 def test_a_priority_above_the_ceiling_is_lowered_to_it_and_told() -> None:
     assert resolve(b"-5", None, {}, "body", ceiling=0) == (0, None)  # the default: nothing to tell
     assert resolve(None, None, {"priority": -5}, "body", ceiling=0) == (0, 0)  # written over the body's

@@ -20,15 +20,15 @@ CREDENTIAL_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"x-ap
 
 
 class KeyCheck:
-    """Checks ``Authorization: Bearer <key>`` against the unified key (and the admin key), then the
-    named keys of ``table``."""
+    """Checks a request's ``Authorization: Bearer <key>`` against the unified key, then the named
+    keys of ``table`` (``check_request``), and an admin call's against the admin key
+    (``check_admin``). The scheme's name is read in any case, as HTTP says."""
 
-    __slots__ = ("_admin", "_expected", "_key", "table")
+    __slots__ = ("_admin", "_key", "table")
 
     def __init__(self, key: str, admin_key: str | None = None, table: KeyTable | None = None) -> None:
         self._key = key.encode()
-        self._expected = b"Bearer " + self._key
-        self._admin = b"Bearer " + (admin_key or key).encode()
+        self._admin = (admin_key or key).encode()
         self.table = table if table is not None else KeyTable(Tenant("unified"), {})
 
     def check_request(self, headers: list[tuple[bytes, bytes]], *, either: bool) -> Tenant:
@@ -36,22 +36,29 @@ class KeyCheck:
         ``x-api-key``; Unauthorized for any other (or none)."""
         authorization = header(headers, b"authorization")
         api_key = header(headers, b"x-api-key") if either else None
-        if authorization is not None and hmac.compare_digest(authorization, self._expected):
+        bearer = _bearer(authorization)
+        if bearer is not None and hmac.compare_digest(bearer, self._key):
             return self.table.unified
         if api_key is not None and hmac.compare_digest(api_key, self._key):
             return self.table.unified
         if self.table.named:
-            presented = api_key
-            if authorization is not None and authorization[:7].lower() == b"bearer ":
-                presented = authorization[7:]
+            presented = bearer if bearer is not None else api_key
             tenant = self.table.find(presented) if presented else None
             if tenant is not None:
                 return tenant
         raise _refusal(authorization, api_key, either=either)
 
     def check_admin(self, authorization: bytes | None) -> None:
-        if authorization is None or not hmac.compare_digest(authorization, self._admin):
+        bearer = _bearer(authorization)
+        if bearer is None or not hmac.compare_digest(bearer, self._admin):
             raise Unauthorized("Admin endpoints need the admin key (or the unified key when none is set).")
+
+
+def _bearer(authorization: bytes | None) -> bytes | None:
+    """The token of ``Bearer <token>`` (the scheme in any case), else None."""
+    if authorization is None or authorization[:7].lower() != b"bearer ":
+        return None
+    return authorization[7:]
 
 
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
