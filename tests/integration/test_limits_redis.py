@@ -5,6 +5,7 @@ dies, hangs or comes back is handled by ``on_store_error`` without a hung reques
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,11 @@ from hypothesis import strategies as st
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
+from taogate.key_settings import LimitsSettings
 from taogate.tenancy import store as store_module
+from taogate.tenancy.fairshare import FairShare
+from taogate.tenancy.keys import KeyTable, Tenant
+from taogate.tenancy.limiter import Limiter
 from taogate.tenancy.store import RedisStore
 from taogate.tenancy.window import hit, settle
 from tests.conftest import KEY, require_tool, wait_until
@@ -291,3 +296,34 @@ async def test_leases_the_store_lost_while_down_are_added_back(redis_server: Red
             else:
                 raise AssertionError("the store never answered the other replica")
             await stream.close()
+
+
+class CountedStore(RedisStore):
+    """A Redis store at a closed port (every call refused), counting its checks."""
+
+    def __init__(self) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        super().__init__(f"redis://127.0.0.1:{port}", timeout=0.5)
+        self.calls = 0
+
+    async def hit(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return await super().hit(*args, **kwargs)
+
+
+async def test_a_failed_store_is_tried_by_one_request_a_second_not_by_all() -> None:
+    clock = [1000.0]
+    team = Tenant("team", requests_per_minute=100)
+    store = CountedStore()
+    table = KeyTable(Tenant("unified"), {b"t" * 32: team})
+    limiter = Limiter(table, LimitsSettings(), clock=lambda: clock[0], fair=FairShare(), store=store)
+    try:
+        await limiter.check(team, None, 1)  # fail open: admitted, the store marked down
+        assert (store.calls, limiter.store_up) == (1, False)
+        clock[0] += 2.0  # past the retry time: many requests at once
+        await asyncio.gather(*(limiter.check(team, None, 1) for _ in range(8)))
+        assert store.calls == 2
+    finally:
+        await store.aclose()

@@ -101,3 +101,4 @@ def test_durations_are_written_as_openai_writes_them() -> None:
     assert duration(6.0) == "6s"
     assert duration(360.0) == "6m0s"
     assert duration(61.4) == "1m1s"
+    assert [duration(s) for s in (0.9999, 59.9996, 119.6)] == ["1s", "1m0s", "2m0s"]  # never 1m60s

@@ -239,6 +239,8 @@ class Limiter:
             return self.local.hit_now(tenant.name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
         now = self._clock()
         if self.store_up or now >= self._retry_at:
+            if not self.store_up:  # this request tries the failed store; the others leave it a second more
+                self._retry_at = now + STORE_RETRY
             try:
                 async with asyncio.timeout(self.limits.store_timeout):
                     counts = await self.store.hit(

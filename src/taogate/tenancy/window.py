@@ -108,9 +108,10 @@ def reset_after(prev: int, cur: int, frac: float, window: float) -> float:
 
 def duration(seconds: float) -> str:
     """A duration as OpenAI's headers write one: ``20ms``, ``1.5s``, ``6m0s``."""
-    if seconds < 1.0:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
-    if seconds < 60.0:
+    ms = max(0, math.ceil(seconds * 1000))
+    if ms < 1000:
+        return f"{ms}ms"
+    if round(seconds, 3) < 60.0:
         return f"{round(seconds, 3):g}s"
-    minutes, rest = divmod(seconds, 60.0)
-    return f"{int(minutes)}m{round(rest):d}s"
+    minutes, rest = divmod(round(seconds), 60)  # rounded first: never "1m60s"
+    return f"{minutes}m{rest}s"
