@@ -398,8 +398,10 @@ class Settings(BaseSettings):
 
     @property
     def kv_events(self) -> bool:
-        """Whether some instance, listed or discovered, publishes its KV events (precise mode)."""
-        return bool(self.discovery.kv_events) or any(i.kv_events for i in self.instances)
+        """Whether some instance, listed, discovered or the overflow one, publishes its KV events
+        (precise mode)."""
+        overflow = self.overflow is not None and bool(self.overflow.kv_events)
+        return overflow or bool(self.discovery.kv_events) or any(i.kv_events for i in self.instances)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

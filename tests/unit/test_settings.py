@@ -263,6 +263,8 @@ def test_discovery_takes_a_wildcard_kv_events_endpoint_every_pod_binds(endpoint:
     s = Settings(discovery={"dns": "vllm.test", "kv_events": endpoint, "kv_events_replay": "tcp://*:5558"})
     assert s.kv_events and s.discovery.kv_events == endpoint
     assert not Settings(discovery={"dns": "vllm.test"}).kv_events
+    # The overflow instance's own events count too: a tokenizer that fails to load is then an error.
+    assert Settings(overflow={"url": "http://127.0.0.1:9000", "kv_events": "tcp://127.0.0.1:5557"}).kv_events
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ PRECISE_MODULES: Final = ("zmq", "msgpack")
 
 def require_precise(settings: Settings) -> None:
     """ConfigError when an instance has ``kv_events`` and pyzmq or msgpack is not installed."""
-    if not settings.kv_events and not (settings.overflow and settings.overflow.kv_events):
+    if not settings.kv_events:
         return
     for module in PRECISE_MODULES:
         try:
