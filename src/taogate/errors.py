@@ -3,6 +3,7 @@
 Upstream 4xx/5xx bodies are relayed unchanged; only errors that taogate decides are built here::
 
     GatewayError                      status  type                    code
+    │                                 500     internal_error          internal_error
     ├── Unauthorized                  401     authentication_error    invalid_api_key
     ├── BadRequest                    400     invalid_request_error   (given)
     │   ├── RequestTimeout            408     invalid_request_error   body_timeout
@@ -10,9 +11,11 @@ Upstream 4xx/5xx bodies are relayed unchanged; only errors that taogate decides 
     │   └── UnsupportedEncoding       415     invalid_request_error   unsupported_content_encoding
     ├── NotFound                      404     invalid_request_error   not_found / model_not_found
     ├── MethodNotAllowed              405     invalid_request_error   method_not_allowed
-    ├── Overloaded                    429     rate_limit_error        queue_full / queue_timeout
+    ├── Overloaded                    429     rate_limit_error        queue_full / queue_timeout / shed
     ├── NoInstance                    503     service_unavailable     no_instance
-    └── UpstreamError                 502/504 upstream_error          upstream_unreachable / upstream_timeout
+    └── UpstreamError                 502     upstream_error          upstream_unreachable /
+        │                                                             upstream_response_too_large
+        └── UpstreamTimeout           504     upstream_error          upstream_timeout
 
 Each error knows its status, its OpenAI ``type`` and ``code``, an optional ``Retry-After``, and
 whether the connection must close after it (a body left unread or half read). How a route renders

@@ -318,8 +318,8 @@ class LimitedProtocol(HttpToolsProtocol):
         )
 
     def _reject(self, rejection: Reject) -> None:
-        """Answer (unless a response is under way: then only close), read and discard what the
-        client still sends for a moment, then close."""
+        """Answer (unless a request of the connection is still being served: then only close),
+        read and discard what the client still sends for a moment, then close."""
         self._cancel()
         self._rejected = True
         self._census.warn(rejection.code, f"client request refused: {rejection.message}")

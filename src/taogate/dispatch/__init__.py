@@ -1,10 +1,13 @@
 """Dispatch decisions over plain data (``types``): no I/O, clocks injected, tested without a network.
 
-Modules, one concept each: ``tokens`` (prompt size and its per-model calibration), ``prefix`` (prefix
-keys), ``affinity`` (key → preferred instance), ``load`` (expected time to first token and to the
-end), ``speed`` (learned prefill speed, fixed latency and decode pace), ``pending`` (a bound on speed
-from requests still without a first token), ``slow`` (slow-instance detection), ``policy`` (round
-robin, least busy) and ``admission`` (send, wait or refuse).
+Modules, one concept each: ``tokens`` and ``calibration`` (prompt size and its per-model
+calibration), ``prefix`` and ``prefix_chains`` (prefix keys), ``blocks`` and ``token_ids`` (vLLM's
+block hashes), ``cache_model`` (an instance's prefix cache, modelled), ``affinity`` (key →
+preferred instance), ``load`` (expected time to first token and to the end), ``speed`` with
+``speed_params`` and ``speed_state`` (learned prefill speed, fixed latency and decode pace),
+``pending`` (a bound on speed from requests still without a first token), ``slow`` (slow-instance
+detection), ``policy`` (round robin, least requests, least busy), ``receipt`` (why a request went
+where it went) and ``admission`` (send, wait or refuse).
 """
 
 from .admission import decide, retry_after_seconds

@@ -48,7 +48,7 @@ class LoadModel:
     step_tokens: float = 2048.0  # engine tokens per step (vLLM max_num_batched_tokens)
     decode_weight: float = 1.0  # prefill tokens displaced per running sequence per step
     kv_threshold: float = 0.9  # KV-cache usage above which a new request waits for blocks
-    kv_penalty: float = 1.0  # requests' worth of wait at 100 % KV usage (a decode and a re-prefill)
+    kv_penalty: float = 1.0  # waits at 100 % KV usage, each a decode and a re-prefill
     decode_horizon: int = 16  # output tokens counted in expected_latency (0: TTFT only)
     decode_batch_ref: float = 32.0  # sequences sharing the steps that double a step's time (0: off)
 
@@ -151,9 +151,10 @@ def slowdown(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
 def kv_wait(view: InstanceView, model: LoadModel = DEFAULT_LOAD) -> float:
     """Seconds a nearly full KV cache adds before a new request's first token there.
 
-    Above ``kv_threshold`` a new request waits for a running one to free its blocks (about one
-    decode of ``decode_horizon`` tokens), or vLLM preempts one and prefills it again (about one
-    typical prompt): ``kv_penalty`` such waits at 100 %, growing quadratically from the threshold.
+    Above ``kv_threshold`` a new request waits for a running one to free its blocks, and vLLM may
+    preempt one and prefill it again: each wait is priced as one decode of ``decode_horizon`` tokens
+    plus one typical prompt's prefill, ``kv_penalty`` of them at 100 %, growing quadratically from
+    the threshold.
     A wait, not a slower prefill: on a small cache two requests fill it, and a multiplier on the
     whole queue made a card that was about to drain look many times slower than it is.
     """

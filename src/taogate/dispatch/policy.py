@@ -11,9 +11,10 @@ them to ``Policy.choose``; a policy only ranks.
 With prefix affinity, each candidate is costed with the prefill it needs *there* (its cache's
 expected hit, plus what a miss would evict on a full cache); a holder of the prefix keeps it until
 its cost is markedly worse than the best's (``hold_ratio``), so a hot prefix stays on as few
-instances as its load needs. A prefix counts as a hit only once that engine has computed it (or
-the instance has shown that followers of an in-flight prefix hit); an instance where it was only
-sent still holds it for the hold rule, at full price. ``Send.work`` is the prefill booked by the
+instances as its load needs. A prefix counts as a hit once that engine has computed it, or while
+it is in flight there as long as followers of an in-flight prefix hit (assumed until an answer
+shows a miss); an instance where it was only sent otherwise still holds it for the hold rule, at
+full price. ``Send.work`` is the prefill booked by the
 lease. The reasoning and how ``hold_ratio`` was chosen: benchmarks/README.md.
 """
 

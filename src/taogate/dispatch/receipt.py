@@ -8,8 +8,8 @@ the chosen instance's estimate and the runner-up's (the cheapest other) into the
 * ``own``: its own prefill after the expected hit, with the hit and its evidence (``kv_event``: the
   instance's KV events show the blocks; ``computed``: a request with this prefix had its first
   token, or an answer, there; ``in_flight``: in flight there, not computed yet, priced as a hit
-  because that instance's earlier in-flight followers hit; ``sent``: only sent there, not computed
-  yet, so no hit is priced; ``none``);
+  because in-flight followers hit there (assumed until an answer shows a miss); ``sent``: only
+  sent there, not computed yet, where followers were seen to miss, so no hit is priced; ``none``);
 * ``kv`` (only when not zero): the wait a nearly full KV cache adds (``load.kv_wait``);
 * ``decode``: the first output tokens at its learned pace;
 * ``adjust`` (only when not zero): what a miss would evict, less its share of a hot prefix's copy.

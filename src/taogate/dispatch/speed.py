@@ -387,8 +387,8 @@ class SpeedEstimator:
 
     def base_latency(self, name: str) -> float:
         """The fixed part of this instance's TTFT (seconds): what even a tiny prompt waits. Until it
-        has answered a small request itself, the median of those that have (an instance that never
-        answers must not look the quickest)."""
+        has answered a few small requests itself, the lesser of its own and the others' median (an
+        instance that never answers must not look the quickest)."""
         self._fresh()
         params = self._params.get(name)
         if params is not None:

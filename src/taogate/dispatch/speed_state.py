@@ -46,7 +46,7 @@ class State:
         self.base = base  # fixed part of a TTFT (seconds), learned from small-work samples
         self.base_n = 0  # small-work samples seen
         self.engine = False  # the instance reports its own phase times: learn from those only
-        self.guessed = False  # learned from a sample whose cache hits were not known (see the cap)
+        self.guessed = False  # learned from a sample that could have hit the cache (not a salted warm-up)
         self.taught = 0  # requests learned from one by one since the last engine window
         # (ttft, own, work) of first tokens waiting for the engine's next window to vouch for them
         self.held: list[tuple[float, float, float]] = []

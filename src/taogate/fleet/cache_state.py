@@ -7,13 +7,14 @@
   subscribed, or after lost events) it only under-reports, so the modelled hit is the floor. While
   trusted, the floor is our own running requests whose prefix the engine has computed
   (``pinned_hit``: their blocks cannot be evicted, and their events may be a step late). A prefix
-  only sent there, with no first token yet, is no hit (the index shows it once the engine stores
-  it), unless that engine's in-flight followers have been seen to hit (``follows``).
+  only sent there, with no first token yet, is a hit while that engine's in-flight followers hit
+  (``follows``: as real vLLM does, until an answer there shows a miss), else none until the index
+  shows it.
 * approximate: the model's ``expected_hit`` (``dispatch.cache_model``), which likewise counts a
-  prefix only once the engine has computed it (a first token, or ``cached_tokens``), or while it
-  is in flight once followers there have shown hits in their ``cached_tokens``. A plain prompt's
-  prefix there is its key's block and as many blocks after it as the chains sent there share
-  (``chains``), so documents under one header are told apart.
+  prefix once the engine has computed it (a first token, or ``cached_tokens``), or while it is in
+  flight as long as followers there hit (assumed until an answer's ``cached_tokens`` shows a
+  miss). A plain prompt's prefix there is its key's block and as many blocks after it as the
+  chains sent there share (``chains``), so documents under one header are told apart.
 * no cache at all when the instance says its prefix caching is off (``caching``): dispatch then
   works there as with affinity off.
 

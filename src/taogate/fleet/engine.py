@@ -105,7 +105,8 @@ class ScrapeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """The KV cache's shape, from ``vllm:cache_config_info``'s labels (summed over its engines)."""
+    """The KV cache's shape, from ``vllm:cache_config_info``'s labels (for all its engines: vLLM
+    writes their total on each engine's row)."""
 
     num_gpu_blocks: int  # the null block included: one fewer is usable
     block_size: int

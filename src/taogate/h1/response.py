@@ -88,8 +88,9 @@ class Response:
         return ""
 
     async def aread(self, limit: int | None = None, within: float | None = None) -> bytes:
-        """The whole body: at most ``limit`` bytes (else ``ResponseTooLarge``, the connection
-        aborted), all in within ``within`` seconds (else ``ReadTimeout``)."""
+        """The whole body: at most ``limit`` bytes (else ``ResponseTooLarge``: the connection is
+        aborted, or kept if the body was already all in), all in within ``within`` seconds (else
+        ``ReadTimeout``)."""
         if self.complete and self._failure is None:  # all of it is here already (small answers)
             data = self._take()
             self.close()

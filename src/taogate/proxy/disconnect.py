@@ -4,8 +4,9 @@ which releases the lease and closes the upstream connection (vLLM then aborts th
 A request is watched only once it has lasted ``after`` seconds (up to twice that): most requests a
 gateway sees at high rates finish sooner. One timer serves every request in flight, ticking every
 ``after`` seconds while any is watched: a timer armed and cancelled per request cost more than the
-rest of the watch (benchmarks/README.md). A client that left earlier is seen then, since uvicorn
-answers ``receive()`` with ``http.disconnect`` at once for a connection already gone: an abort at
+rest of the watch (benchmarks/README.md). A client that left earlier is seen then, since the
+listener's cycle (``taogate.cycle.Cycle.receive``) answers ``http.disconnect`` at once for a
+connection already gone: an abort at
 most ``2 * after`` late, on requests that cost the instance little so far.
 """
 
@@ -97,7 +98,7 @@ class DisconnectWatch:
         self._listener.add_done_callback(self._on_message)
 
     def _on_message(self, fut: asyncio.Future[Any]) -> None:
-        # uvicorn answers receive() with http.disconnect once the response is complete, too; and
+        # The cycle answers receive() with http.disconnect once the response is complete, too; and
         # a listener that ended as stop() came is no longer this watch's.
         if fut is not self._listener or self.watched.finished:
             return

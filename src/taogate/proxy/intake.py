@@ -1,7 +1,8 @@
 """Reading one request: its body, once, within the size limit, and the facts dispatch needs.
 
-The body bytes are forwarded verbatim; the parsed JSON is only read (model, stream flag, prompt
-text for the size estimate and the prefix key), never re-serialised.
+The body bytes are forwarded as they came; the parsed JSON is only read (model, stream flag, prompt
+text for the size estimate and the prefix key). Only a route's model rewrite serialises it again,
+and ``forward`` splices a field or two (``priority``, ``request_id``) into the bytes where needed.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ class Incoming:
     """What the pipeline needs of one request, read once from its headers and body (and only read
     after: not frozen, as a frozen dataclass pays a ``object.__setattr__`` call per field to build)."""
 
-    body: bytes  # forwarded verbatim
+    body: bytes  # forwarded as it came (but for a model rewrite)
     model: str | None
     facts: RequestFacts
     size: PromptSize  # the size features, for calibrating the estimate from usage

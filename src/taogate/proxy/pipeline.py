@@ -3,7 +3,8 @@
 ::
 
     auth (whose key) → intake (body once, facts) → the key's limits → lease on an instance
-         → forward verbatim → relay (bytes as they arrive) → release → learn → account
+         → forward (the body's bytes, fields spliced in only where needed) → relay (bytes as they
+         arrive) → learn → release → account
 
 Retries happen only before the first byte went downstream, never to the instance that just
 failed, within attempts and the retry budget. A client that goes away cancels the work, which

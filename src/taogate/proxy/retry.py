@@ -3,7 +3,8 @@
 ::
 
     attempt failed ──► Failure ──► judge(failure, instance, room) ──► Judgement
-        room: attempts left, another instance could take it, the budget has room
+        room: attempts left, another instance could take it, the budget has room, the body
+              can be sent again (a streamed upload only before it started)
                                         │ blame ──► FleetEvents.request_failed (its breaker)
         RETRY ──► spend the budget, sleep backoff(n, base, cap, rand), another eligible instance
         RELAY ──► the instance's own answer (a status) goes to the client as it is
@@ -67,8 +68,8 @@ class FailureKind(StrEnum):
 
     CONNECT = "connect"  # refused, reset or DNS failure while connecting: nothing was processed
     CONNECT_TIMEOUT = "connect_timeout"
-    CLOSED = "closed"  # the instance closed the connection before a status line (crash, restart)
-    READ_TIMEOUT = "read_timeout"  # no response headers within the read timeout (hung engine)
+    CLOSED = "closed"  # the instance closed the connection before the answer was in (crash, restart)
+    READ_TIMEOUT = "read_timeout"  # a read or write stalled past its timeout (hung engine)
     POOL_TIMEOUT = "pool_timeout"  # our own connection pool was exhausted: not the instance's fault
     STATUS = "status"  # the instance answered with an HTTP status (see ``status``)
 
