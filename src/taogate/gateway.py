@@ -226,6 +226,7 @@ class Gateway:
         await self.discovery.resolve()
         self.kv_events.sync()  # subscribed before any traffic of ours: the warm-up's blocks are indexed
         await asyncio.gather(self.probes.probe_all(), self.scraper.scrape_all())
+        await self.probes.warmed()  # dispatch knows each instance's speed before the first request
         bg = self._background
         bg.every(lambda: self.settings.discovery.interval, self._discover)
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.probes.probe_all)
@@ -238,6 +239,7 @@ class Gateway:
         """Stop taking work, give in-flight requests ``shutdown_timeout`` to finish, then close."""
         await self.pipeline.drain(self.settings.gateway.shutdown_timeout)
         await self._background.stop()
+        await self.probes.aclose()
         await self.scraper.aclose()
         await self.kv_events.stop()
         await self.client.aclose()

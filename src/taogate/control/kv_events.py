@@ -32,6 +32,7 @@ from typing import Any, Final
 from taogate.control.kv_endpoints import subscriber_endpoint, tcp_parts
 from taogate.control.kv_replay import Replays
 from taogate.control.kv_wire import bounded, decode
+from taogate.control.loops import cancel_all
 from taogate.fleet.engine import EngineSample
 from taogate.fleet.instance import Instance
 from taogate.fleet.kv_index import KvIndex
@@ -82,6 +83,7 @@ class KvEventsSubscriber:
         self._said: dict[str, Trust] = {}  # the trust last said per instance
         self.replays = Replays(clock)  # asks of the engines' replay sockets
         self._told: set[tuple[str, str]] = set()  # (instance, what): said once
+        self._ending: set[asyncio.Task[None]] = set()  # cancelled by ``sync``, not ended yet
 
     def _once(self, name: str, what: str, level: int, msg: str, *args: object) -> None:
         if (name, what) not in self._told:
@@ -111,8 +113,14 @@ class KvEventsSubscriber:
                 task.cancel()  # its index goes when it ends
                 del self._tasks[name]
                 previous[name] = task
+                self._ending.add(task)
+                task.add_done_callback(self._ending.discard)
         for name in set(self._live) - set(wanted):
             self._live.pop(name).set()
+        present = {i.name for i in self._fleet}  # what is said of instances gone goes with them
+        for name in set(self._said) - present:
+            del self._said[name]
+        self._told = {told for told in self._told if told[0] in present}
         for name, inst in wanted.items():
             if name not in self._tasks:
                 live = self._live[name] = asyncio.Event()
@@ -142,11 +150,9 @@ class KvEventsSubscriber:
             )
 
     async def stop(self) -> None:
-        tasks = [task for _, _, task in self._tasks.values()]
+        tasks = [task for _, _, task in self._tasks.values()] + list(self._ending)
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks, "KV-events")
 
     async def _run(self, inst: Instance, after: asyncio.Task[None] | None, live: asyncio.Event) -> None:
         if after is not None:  # the subscription it replaces closes its socket first

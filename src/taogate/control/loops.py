@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any
 
-__all__ = ["Background"]
+__all__ = ["Background", "cancel_all"]
 
 log = logging.getLogger("taogate.health")
 
@@ -51,20 +51,25 @@ class Background:
                 raise asyncio.CancelledError
 
     async def stop(self) -> None:
-        """Cancel every task and wait for it, cancelling again while one still runs: on Python
-        3.11 a cancellation that lands as an ``asyncio.timeout`` inside a probe expires can be
-        taken for that timeout and swallowed (seen: a loop that went on probing, and a shutdown
-        that waited for it for ever)."""
-        pending = set(self._tasks)
-        for _ in range(100):  # bounded: 10 s
-            if not pending:
-                break
-            for task in pending:
-                task.cancel()
-            done, pending = await asyncio.wait(pending, timeout=0.1)
-            for task in done:  # retrieved, so none is reported as "never retrieved"
-                if not task.cancelled() and task.exception() is not None:
-                    log.error("probe task ended with %r", task.exception())
-        if pending:
-            log.error("%d probe tasks ignored cancellation; leaving them behind", len(pending))
+        """Cancel every task and wait for it (``cancel_all``)."""
+        await cancel_all(self._tasks, "probe")
         self._tasks.clear()
+
+
+async def cancel_all(tasks: Collection[asyncio.Task[Any]], what: str) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again while one still runs, for 10 s at most:
+    on Python 3.11 a cancellation that lands as an ``asyncio.timeout`` inside the task expires can
+    be taken for that timeout and swallowed (seen: a loop that went on probing, and a shutdown that
+    waited for it for ever). ``what`` names the tasks in the log."""
+    pending = set(tasks)
+    for _ in range(100):
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=0.1)
+        for task in done:  # retrieved, so none is reported as "never retrieved"
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s task ended with %r", what, task.exception())
+    if pending:
+        log.error("%d %s tasks ignored cancellation; leaving them behind", len(pending), what)

@@ -2,7 +2,8 @@
 
 Probes never block requests: they have their own short timeout and only publish results into each
 Instance. A state change goes to the fleet events (logged and counted once); an instance that comes
-up is warmed up before the queue is woken for it.
+up is warmed up before the queue is woken for it, in a task of its own, so a slow warm-up holds up
+no round of probes (startup waits for the first ones: ``warmed``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import orjson
 
+from taogate.control.loops import cancel_all
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet
 from taogate.fleet.health import HealthState, probe_result
@@ -42,11 +44,21 @@ class HealthProbes:
         self._events = events
         self._warm_up = warm_up
         self._clock = clock
+        self._warming: dict[str, asyncio.Task[None]] = {}  # by instance name: one at a time each
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(i) for i in list(self._fleet) if not i.spec.overflow))
         self._events.capacity_changed()  # a breaker cool-down may have ended since the last round
         self._events.check_slow()
+
+    async def warmed(self) -> None:
+        """Until the warm-ups started so far have ended."""
+        if self._warming:
+            await asyncio.gather(*self._warming.values(), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Cancel the warm-ups still running, and wait for them to end."""
+        await cancel_all(list(self._warming.values()), "warm-up")
 
     def unprobed(self) -> list[Instance]:
         """Instances added since the last round (reload, discovery): they should be probed soon."""
@@ -74,9 +86,21 @@ class HealthProbes:
         if transition is None:
             return
         self._events.health_changed(inst, transition, detail)
-        if transition.to is HealthState.UP:
+        if transition.to is HealthState.UP and inst.name not in self._warming:
+            task = asyncio.create_task(self._warm(inst))
+            self._warming[inst.name] = task
+            task.add_done_callback(lambda done: self._ended(inst.name, done))
+
+    async def _warm(self, inst: Instance) -> None:
+        try:
             await self._warm_up(inst)
-            self._events.capacity_changed()
+        except Exception:  # a bug of ours: said, and the instance serves unwarmed
+            log.exception("instance %s: warm-up failed", inst.name)
+        self._events.capacity_changed()
+
+    def _ended(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._warming.get(name) is task:
+            del self._warming[name]
 
     async def _learn_models(self, inst: Instance, *, limit: float) -> None:
         try:

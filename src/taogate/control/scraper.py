@@ -19,6 +19,7 @@ from typing import Final
 
 from taogate import h1
 from taogate.control.http import Fetcher
+from taogate.control.loops import cancel_all
 from taogate.fleet.engine import ScrapeError, engine_window, is_stale, parse_vllm_metrics, stale_after
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet
@@ -76,10 +77,7 @@ class Scraper:
 
     async def aclose(self) -> None:
         """Cancel the scrapes still running (a round does not wait for slow ones)."""
-        tasks = list(self._running.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(list(self._running.values()), "scrape")
 
     async def scrape(self, inst: Instance) -> None:
         settings = self._settings().dispatch
@@ -114,7 +112,7 @@ class Scraper:
     def _record(self, inst: Instance, text: str) -> None:
         sample = parse_vllm_metrics(text)
         inst.record_scrape(sample, self._clock())
-        if inst.engine_prev is not None:
+        if inst.engine_prev is not None and not inst.retired:  # a removed instance's speed is forgotten
             window = engine_window(inst.engine_prev, sample)
             if window is not None:
                 self._fleet.speeds.observe_engine(

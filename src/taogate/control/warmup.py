@@ -88,6 +88,8 @@ class Warmup:
             if got is None:
                 return False
             answers.append(got)
+        if inst.retired:  # removed from the fleet meanwhile: its speed is forgotten, not relearned
+            return False
         small, large, small_again, large_again = answers
         fixed, prefill = min(small, small_again), min(large, large_again)
         if afresh:  # only now: meanwhile dispatch priced the card as it was
@@ -127,8 +129,15 @@ class Warmup:
         try:
             prompt = orjson.loads(r.content)["usage"]["prompt_tokens"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
+            prompt = None
+        if not isinstance(prompt, int) or prompt <= 0:
+            log.warning(
+                "instance %s answered the warm-up without usage.prompt_tokens; its speed is learned "
+                "from traffic",
+                inst.name,
+            )
             return None
-        return (elapsed, prompt) if isinstance(prompt, int) and prompt > 0 else None
+        return elapsed, prompt
 
 
 def _reason(body: bytes, limit: int = 200) -> str:
