@@ -31,6 +31,7 @@ def _admin(config: Path | None, url: str | None, key: str | None) -> tuple[str, 
     settings = load(config, None, {})
     if url is None:
         host = "127.0.0.1" if settings.gateway.host in ("0.0.0.0", "::") else settings.gateway.host
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed in a URL
         url = f"http://{host}:{settings.gateway.port}"
     if key is None:
         try:

@@ -143,7 +143,7 @@ async def _serve(settings: Settings, source: Any, access: BatchedStreamHandler |
             logging.getLogger("taogate").error("reload refused, the running config stays: %s", exc)
 
     loop = asyncio.get_running_loop()
-    if source is not None and hasattr(signal, "SIGHUP"):
+    if hasattr(signal, "SIGHUP"):  # without a config file, it says there is nothing to reload
         loop.add_signal_handler(signal.SIGHUP, reload)
     flusher = loop.create_task(flush_every(access, ACCESS_FLUSH_S)) if access is not None else None
     try:

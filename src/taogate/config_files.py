@@ -116,8 +116,8 @@ def _redact_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None and parts.username is None:
         return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    host = parts.netloc.rpartition("@")[2]  # as written: an IPv6 address keeps its brackets, the port too
+    netloc = f"***@{host}"
     return parts._replace(netloc=netloc).geturl()
 
 

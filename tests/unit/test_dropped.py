@@ -44,6 +44,16 @@ def test_an_expectation_expires() -> None:
     assert f.filter(record(INCOMPLETE_RESPONSE))
 
 
+def test_expired_expectations_go_even_if_no_line_ever_comes() -> None:
+    """Drops the server never complains of (the client gone too; picker mode) keep nothing."""
+    clock = Clock()
+    f = DroppedResponses(window=5.0, clock=clock)
+    for _ in range(1000):
+        f.expect()
+        clock.now += 1.0
+    assert len(f) <= 6
+
+
 def test_as_a_logger_filter() -> None:
     logger = logging.getLogger("test_dropped.server")
     seen: list[str] = []

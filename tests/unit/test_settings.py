@@ -177,12 +177,16 @@ def test_redacted_dump_round_trips_and_masks_url_credentials(tmp_path: Path) -> 
     import tomli_w
 
     toml = ARTICLE_TOML + '[[instances]]\nurl = "http://user:secret@127.0.0.1:8000"\n'
+    toml += '[[instances]]\nurl = "http://user:secret@[fd00::1]:8000"\n'
     s = load_settings(write(tmp_path, toml))
     text = tomli_w.dumps(redacted_dump(s))
     assert "secret" not in text
     again = tomllib.loads(text)
     assert again["dispatch"]["strategy"] == "least_busy"
-    assert again["instances"][0]["url"] == "http://***@127.0.0.1:8000"
+    assert [i["url"] for i in again["instances"][:2]] == [
+        "http://***@127.0.0.1:8000",
+        "http://***@[fd00::1]:8000",
+    ]
 
 
 def test_shipped_config_is_the_init_template_and_loads() -> None:

@@ -35,15 +35,24 @@ class DroppedResponses(logging.Filter):
         self._expected: deque[float] = deque()  # deadlines, oldest first
 
     def expect(self) -> None:
-        """The gateway is about to return without completing a response, on purpose."""
-        self._expected.append(self._clock() + self._window)
+        """The gateway is about to return without completing a response, on purpose (whose line
+        the server may not log: the client gone too, or no server's response at all)."""
+        now = self._clock()
+        self._expire(now)
+        self._expected.append(now + self._window)
+
+    def __len__(self) -> int:
+        """Drops still expected (one past its window goes at the next ``expect`` or line)."""
+        return len(self._expected)
+
+    def _expire(self, now: float) -> None:
+        while self._expected and self._expected[0] < now:
+            self._expected.popleft()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != INCOMPLETE_RESPONSE or not self._expected:
             return True
-        now = self._clock()
-        while self._expected and self._expected[0] < now:
-            self._expected.popleft()
+        self._expire(self._clock())
         if not self._expected:
             return True
         self._expected.popleft()
