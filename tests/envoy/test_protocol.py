@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.picker.encoding import CHUNK
+from taogate.picker.hints import endpoint_of
 from taogate.picker.names import DESTINATION, FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE
 from taogate.picker.server import HEALTH_SERVICES, RunningPicker, serve_picker
 from tests.conftest import ENV, KEY, gateway_settings, wait_until
@@ -114,12 +115,12 @@ async def test_pick_is_held_until_the_body_ends_and_the_served_endpoint_takes_th
         if chunk.end_of_stream:
             break
     assert back == body
-    by_host = {i.spec.host: i for i in fleet}
+    by_host = {endpoint_of(i.spec.url): i for i in fleet}
     first = by_host[picked]
     other = next(i for i in fleet if i is not first)
     assert (first.inflight, other.inflight) == (1, 0)
     # The gateway says it served the request elsewhere (a fallback): the lease follows.
-    served = _metadata("envoy.lb", "x-gateway-destination-endpoint-served", other.spec.host)
+    served = _metadata("envoy.lb", "x-gateway-destination-endpoint-served", endpoint_of(other.spec.url))
     status = [(":status", "200"), ("content-type", "application/json")]
     await talk.send(response_headers=_headers(status), metadata_context=served)
     told = _set((await talk.read()).response_headers.response)
@@ -132,6 +133,26 @@ async def test_pick_is_held_until_the_body_ends_and_the_served_endpoint_takes_th
     assert (first.inflight, other.inflight) == (0, 0)
     assert other.window.stats(running.app.gateway.clock()).requests == 1
     await talk.call.done_writing()
+
+
+async def test_an_empty_body_phase_is_handed_back_so_the_request_ends(
+    picker: tuple[RunningPicker, Any],
+) -> None:
+    """A request whose headers did not end the stream, then an empty last body chunk (HTTP/2's
+    empty final frame): in full-duplex mode the body must come back, even empty, or the gateway
+    never sees the request's end and the lease stays held."""
+    running, channel = picker
+    gateway = running.app.gateway
+    item = gateway.pipeline.responses.mint(next(iter(gateway.fleet)).name)
+    talk = Conversation(pb_grpc.ExternalProcessorStub(channel))
+    get = [(":method", "GET"), (":path", f"/v1/responses/{item}"), ("authorization", f"Bearer {KEY}")]
+    await talk.send(request_headers=_headers(get))
+    await talk.send(request_body=pb.HttpBody(body=b"", end_of_stream=True))
+    assert (await talk.read()).WhichOneof("response") == "request_headers"
+    back = (await asyncio.wait_for(talk.read(), 5)).request_body.response.body_mutation.streamed_response
+    assert back.body == b"" and back.end_of_stream
+    talk.cancel()
+    await wait_until(lambda: sum(i.inflight for i in gateway.fleet) == 0, what="lease released")
 
 
 async def test_a_stream_closed_without_a_response_gives_the_lease_back(
@@ -440,7 +461,7 @@ async def test_the_model_the_gateway_names_replaces_the_bodys() -> None:
             )
             await talk.send(request_body=pb.HttpBody(body=_chat(), end_of_stream=True))
             picked = _set((await talk.read()).request_headers.response)[PICK].decode()
-            assert picked == fleet_state.get("i1").spec.host
+            assert picked == endpoint_of(fleet_state.get("i1").spec.url)
             handed = (await talk.read()).request_body.response.body_mutation.streamed_response
             assert orjson.loads(handed.body)["model"] == "canary-model"
             await _answer(talk)

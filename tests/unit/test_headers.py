@@ -114,6 +114,9 @@ def test_x_forwarded_for_gets_the_client_address_appended_to_what_the_client_cla
     ]
     alone = upstream_headers([], request_id=RID, tag=None, client=("::1", 1))
     assert alone == [(b"x-forwarded-for", b"::1"), (b"x-request-id", RID)]
+    # Picker mode: no client of ours; the list the gateway in front wrote goes on as it came.
+    behind = upstream_headers(claimed, request_id=RID, tag=None)
+    assert (b"x-forwarded-for", b"6.6.6.6, 10.0.0.1") in behind
 
 
 def test_what_an_instance_runs_on_is_not_relayed() -> None:
@@ -129,9 +132,11 @@ def _upstream_by_definition(
     """``upstream_headers`` as first written: every drop rule in one filter, X-Forwarded-For after."""
     drop = _DROP_UP | _nominated(headers)
     out = [(k, v) for k, v in headers if k not in drop and not k.startswith(b"x-taogate-")]
+    hops = [v for k, v in headers if k == b"x-forwarded-for"]
     if client is not None:
-        hops = [v for k, v in headers if k == b"x-forwarded-for"]
-        out.append((b"x-forwarded-for", b", ".join([*hops, client[0].encode()])))
+        hops.append(client[0].encode())
+    if hops:
+        out.append((b"x-forwarded-for", b", ".join(hops)))
     return [*out, (b"x-request-id", RID)]
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from taogate.picker.admit import header_changes
 from taogate.picker.encoding import CHUNK, body_chunks
-from taogate.picker.hints import served_endpoint, subset_hint
+from taogate.picker.hints import endpoint_of, served_endpoint, subset_hint
 
 
 def _metadata(namespace: str, key: str, value: Any) -> Any:
@@ -73,3 +73,12 @@ def test_body_chunks_hand_back_the_body_whole(body: bytes, end: bool) -> None:
     assert b"".join(c.body for c in chunks) == body
     assert all(len(c.body) <= CHUNK for c in chunks)
     assert [c.end_of_stream for c in chunks] == [False] * (len(chunks) - 1) + [end]
+
+
+def test_an_instance_is_named_to_the_gateway_by_host_and_port_never_its_credentials() -> None:
+    """What the pick and the subset hints compare: the URL's credentials (sent by the instance's
+    own Basic auth) must not reach a header Envoy passes on, and a URL without a port has one."""
+    assert endpoint_of("http://user:secret@10.0.0.5:8000") == "10.0.0.5:8000"
+    assert endpoint_of("http://10.0.0.5") == "10.0.0.5:80"
+    assert endpoint_of("https://10.0.0.5/v1") == "10.0.0.5:443"
+    assert endpoint_of("http://[fd00::5]:8000") == "[fd00::5]:8000"

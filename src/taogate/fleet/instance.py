@@ -11,7 +11,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from taogate.dispatch.pending import Pending
 from taogate.dispatch.types import EngineStats, InstanceView, Role
@@ -56,10 +55,6 @@ class InstanceSpec:
     priority: bool = False  # started with --scheduling-policy priority: it is told each request's class
     kv_events: str | None = None  # its KV-events endpoint (precise prefix-cache dispatch)
     kv_events_replay: str | None = None
-
-    @property
-    def host(self) -> str:
-        return urlsplit(self.url).netloc
 
 
 class Instance:

@@ -24,8 +24,9 @@ from taogate.dispatch.types import RequestFacts
 from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
 from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
+from taogate.h1.origin import Origin
 from taogate.picker.encoding import Headers
-from taogate.picker.hints import excluded_by_subset
+from taogate.picker.hints import endpoint_of, excluded_by_subset
 from taogate.picker.names import FAIRNESS_ID, first_header
 from taogate.picker.objective import Objectives
 from taogate.picker.rewrite import rewritten_model
@@ -68,7 +69,7 @@ class Picked:
     forward: Forward
     lease: Lease
     rid: bytes
-    endpoint: str  # host:port of the lease's instance, as its URL names it (ip:port behind Envoy)
+    endpoint: str  # host:port of the lease's instance (``hints.endpoint_of``: never its URL's credentials)
     set_headers: Headers
     remove: list[bytes]
     body: bytes  # what goes upstream
@@ -197,6 +198,9 @@ class Admission:
         try:
             spec = lease.instance.spec
             up_headers, up_body = forward.to(spec)
+            if "@" in spec.url and not any(k == b"authorization" for k, _ in up_headers):
+                basic = Origin.parse(spec.url).basic_auth  # what h1 sends under serve
+                up_headers = [*up_headers, (b"authorization", basic)] if basic else up_headers
             set_headers, remove = header_changes(plain, up_headers)
             sent = up_body if isinstance(up_body, bytes) else body  # a multipart upload goes as it came
             now = gw.clock()
@@ -212,7 +216,7 @@ class Admission:
             forward,
             lease,
             rid,
-            spec.host,
+            endpoint_of(spec.url),
             set_headers,
             remove,
             sent,

@@ -8,8 +8,10 @@ key or llm-d's (``picker.names``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from taogate.fleet.instance import Instance
 from taogate.picker.names import SERVED, SUBSET
@@ -63,9 +65,19 @@ def served_endpoint(metadata: Any) -> str | None:
 
 def excluded_by_subset(instances: Iterable[Instance], subset: frozenset[str]) -> frozenset[str]:
     """The instances outside the subset: the dispatcher's ``exclude`` for this request."""
-    return frozenset(i.name for i in instances if i.spec.host not in subset)
+    return frozenset(i.name for i in instances if endpoint_of(i.spec.url) not in subset)
 
 
 def instance_at(instances: Iterable[Instance], endpoint: str) -> Instance | None:
     """The instance whose address is ``endpoint`` (``ip:port``)."""
-    return next((i for i in instances if i.spec.host == endpoint), None)
+    return next((i for i in instances if endpoint_of(i.spec.url) == endpoint), None)
+
+
+@functools.lru_cache(maxsize=4096)
+def endpoint_of(url: str) -> str:
+    """An instance's ``host:port`` as the gateway in front routes to it (``ip:port`` where its URL
+    names an IP): the scheme's default port if the URL gives none, never the URL's credentials."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{shown}:{parts.port or (443 if parts.scheme == 'https' else 80)}"

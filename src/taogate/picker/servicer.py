@@ -151,7 +151,7 @@ class _Stream:
         except GatewayError as exc:
             return [self._refuse(exc)]
         if message.request_headers.end_of_stream:
-            return await self._pick(b"", end=True)
+            return await self._pick(b"", end=True, streamed=False)
         return []
 
     async def _request_body(self, chunk: bytes, end: bool, *, trailers: bool = False) -> list[Any]:
@@ -166,9 +166,11 @@ class _Stream:
             return []
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
-        return await self._pick(body, end=not trailers)
+        return await self._pick(body, end=not trailers, streamed=True)
 
-    async def _pick(self, body: bytes, *, end: bool) -> list[Any]:
+    async def _pick(self, body: bytes, *, end: bool, streamed: bool) -> list[Any]:
+        """The pick; ``streamed``: the gateway sent a body phase (empty chunks included), which in
+        full-duplex mode must be handed back, or it never sees the request's end."""
         assert self._route is not None and self._rec is not None and self._tenant is not None
         try:
             picked = await self._admission.pick(
@@ -193,7 +195,7 @@ class _Stream:
             ]
         self._tap = Tap(self._gateway, picked)
         answers = [encoding.pick_answer([picked.endpoint], picked.set_headers, picked.remove)]
-        if self._over or picked.body:  # a request that had a body hands one back
+        if streamed or picked.body:
             answers.extend(encoding.body_chunks(picked.body, end=end))
         return answers
 

@@ -213,6 +213,7 @@ def upstream_headers(
         out = _without_nominated(out, client_headers)
     if client is not None:
         hops.append(client[0].encode())
+    if hops:  # without ``client`` (picker mode: the gateway in front wrote it), the list as it came
         out.append((_FORWARDED_FOR, b", ".join(hops)))
     out.append((b"x-request-id", request_id))
     if tag:
