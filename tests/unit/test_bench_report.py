@@ -88,3 +88,19 @@ def test_ratios_and_spread() -> None:
     assert load_spread(fast.per_instance) == 1.0
     assert load_spread(slow.per_instance) == 1.0  # all on i0: one instance listed
     assert load_spread({**slow.per_instance, "i1": fast.per_instance["i1"]}) == pytest.approx(4 / 3)
+
+
+def test_each_row_is_compared_with_its_own_reference() -> None:
+    """The demo's rows differ in caching: each is compared with the pooled bound that has its own."""
+    from rich.console import Console
+
+    from taogate.bench.render import summary_table
+
+    fast = summarize("fast", [sample(0, 0, 1, prompt_tokens=100), sample(1, 0, 1, "i1", prompt_tokens=100)])
+    slow = summarize("slow", [sample(0, 0, 2, prompt_tokens=100), sample(1, 0, 2, "i0", prompt_tokens=100)])
+    console = Console(width=300, record=True)
+    console.print(summary_table([fast, slow], refs=[fast, slow]))
+    text = console.export_text()
+    rows = [line for line in text.splitlines() if line.lstrip("│ ").startswith(("fast", "slow"))]
+    assert len(rows) == 2 and all("1.00x" in row for row in rows), text
+    assert "the pooled bound with the row's own caching" in text

@@ -37,12 +37,13 @@ async def run_target(
     max_seconds: float = 300.0,
     http_timeout: httpx.Timeout | None = None,
 ) -> Outcome:
-    """One run against an already running endpoint (the user's gateway)."""
+    """One run against an already running endpoint (the user's gateway), its prompts salted as
+    every compare row's: what an earlier run left in the caches must not pass for dispatch."""
     total = len(workload.limited(max_requests).requests)
     with progress(console, label, total) as advance:
         run = await run_load(
             [target],
-            workload,
+            salted(workload, f"Your gateway's run {secrets.token_hex(4)}."),
             model,
             label=label,
             headers=headers,

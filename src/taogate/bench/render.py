@@ -49,20 +49,28 @@ def _x(value: float) -> str:
 
 
 def summary_table(
-    summaries: Sequence[Summary], *, baseline: Summary | None = None, title: str = "taogate bench"
+    summaries: Sequence[Summary],
+    *,
+    baseline: Summary | None = None,
+    refs: Sequence[Summary] | None = None,
+    title: str = "taogate bench",
 ) -> Table:
-    """One row per run: latency, TTFT, the max/mean rule, throughput, errors, ratios."""
+    """One row per run: latency, TTFT, the max/mean rule, throughput, errors, and its ratios to
+    ``baseline``, or to its own reference of ``refs`` (one per row)."""
+    if refs is not None and len({id(r) for r in refs}) == 1:
+        baseline, refs = refs[0], None
+    rows_refs: Sequence[Summary | None] = refs if refs is not None else [baseline] * len(summaries)
     table = Table(title=title, title_justify="left")
     table.add_column("run", min_width=24)
     for name in ("ok", "mean s", "p50 s", "p90 s", "p99 s", "max s", "min s", "TTFT p50", "TTFT p99"):
         table.add_column(name, justify="right")
     table.add_column("max/mean", justify="right")
     table.add_column("prompt tok/s", justify="right")
-    if baseline is not None:
+    if baseline is not None or refs is not None:
         table.add_column("tput vs ref", justify="right")
         table.add_column("mean vs ref", justify="right")
     table.add_column("errors")
-    for s in summaries:
+    for s, ref in zip(summaries, rows_refs, strict=True):
         lat, ttft = s.latency, s.ttft
         mm = s.max_over_mean
         flag = "[red]" if s.imbalanced else "[green]" if not math.isnan(mm) else ""
@@ -80,14 +88,15 @@ def summary_table(
             f"{flag}{_s(mm)}",
             _s(s.prompt_tokens_per_s, 0),
         ]
-        if baseline is not None:
-            r = compare(s, baseline)
+        if ref is not None:
+            r = compare(s, ref)
             row += [_x(r["throughput"]), _x(r["mean_latency"])]
         row.append(", ".join(f"{k}: {v}" for k, v in s.errors.items()) or "-")
         table.add_row(*row)
     table.caption = (
         f"max/mean over {IMBALANCE_RATIO:g} (red) means imbalance remains: some instance queued longer"
         + (f"; ref = {baseline.label}" if baseline is not None else "")
+        + ("; ref = the pooled bound with the row's own caching" if refs is not None else "")
     )
     return table
 
@@ -248,9 +257,14 @@ def make_console() -> Console:
 def print_outcomes(console: Console, outcomes: list[Outcome], title: str) -> None:
     """The comparison table (ratios against the pooled bound, else the first row) and load spread."""
     summaries = [o.summary for o in outcomes]
-    pooled = [o.summary for o in outcomes if o.scenario.kind == "pooled"]
-    baseline = pooled[0] if pooled else (summaries[0] if len(summaries) > 1 else None)
-    console.print(summary_table(summaries, baseline=baseline, title=title))
+    pooled = {o.scenario.prefix_caching: o.summary for o in reversed(outcomes) if o.scenario.kind == "pooled"}
+    if pooled:  # each row against the bound with its own caching (the first bound if none has it)
+        first = next(o.summary for o in outcomes if o.scenario.kind == "pooled")
+        refs = [pooled.get(o.scenario.prefix_caching, first) for o in outcomes]
+        console.print(summary_table(summaries, refs=refs, title=title))
+    else:
+        baseline = summaries[0] if len(summaries) > 1 else None
+        console.print(summary_table(summaries, baseline=baseline, title=title))
     console.print(shares_table(summaries))
     hits = [(o.summary.label, o.cache_hit_rate) for o in outcomes if o.emulator or o.engine_hits]
     if any(not math.isnan(h) and h > 0 for _, h in hits):
