@@ -69,6 +69,13 @@ def test_completion_parsing_and_defaults() -> None:
         ({"prompt": "a", "max_tokens": "five"}, 400, "int_parsing", "Bad Request", "body.max_tokens"),
         ({"prompt": "a", "stream": "maybe"}, 400, "bool_parsing", "Bad Request", "body.stream"),
         ({"prompt": "a", "temperature": "hot"}, 400, "float_parsing", "Bad Request", "body.temperature"),
+        (
+            {"prompt": "a", "stream_options": {"include_usage": True}},
+            400,
+            "only be defined when `stream=True`",
+            "BadRequestError",
+            "stream_options",
+        ),
     ],
 )
 def test_completion_errors(

@@ -217,6 +217,8 @@ def _common(payload: dict[str, Any]) -> tuple[bool, bool, bool, frozenset[str]]:
     if options is not None:
         if not isinstance(options, dict):
             raise bad_request("`stream_options` must be an object", "stream_options")
+        if options and not stream:  # as vLLM: a gateway adding them to a whole answer is told
+            raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
         include_usage = bool(options.get("include_usage"))
         continuous = bool(options.get("continuous_usage_stats"))
     stop = payload.get("stop")
