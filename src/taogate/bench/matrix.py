@@ -79,8 +79,8 @@ def _blocks(tokens: float, block_size: int) -> int:
 
 
 def configs(cell: Cell, base: EmulatorConfig | None = None) -> list[EmulatorConfig]:
-    """The cell's fleet. A tight cache holds the fraction of the hot prefixes it names, plus one
-    whole miss and the questions of the requests it runs at once (so nothing is refused)."""
+    """The cell's fleet. A tight cache holds the fraction of the hot prefixes it names (at least
+    one whole miss), plus the questions of the requests it runs at once (so nothing is refused)."""
     base = replace(
         base or EmulatorConfig(),
         cache_config_info=cell.cache_info,

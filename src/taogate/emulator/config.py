@@ -3,7 +3,8 @@
 ``EmulatorConfig`` is frozen: it is what a vLLM process is started with. ``Faults`` is deliberately
 mutable: tests, chaos scripts and ``POST /emulator/faults`` flip faults while the instance runs.
 
-Default engine numbers (why they are what they are) live in :mod:`taogate.emulator.engine`.
+Default engine numbers: :mod:`taogate.emulator.engine`, and why they are what they are,
+benchmarks/README.md.
 """
 
 from __future__ import annotations

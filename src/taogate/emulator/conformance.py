@@ -42,8 +42,8 @@ DIFFERENCES: tuple[Difference, ...] = (
         "input_messages, per-turn token details, ...) are not modelled",
     ),
     # Endpoints only vLLM has.
-    Difference("kv_event_sources", "status", "KV-cache events are not published by the emulator yet"),
-    Difference("kv_event_sources", "keys", "KV-cache events are not published by the emulator yet"),
+    Difference("kv_event_sources", "status", "the emulator publishes KV events but has no /kv_event_sources"),
+    Difference("kv_event_sources", "keys", "the emulator publishes KV events but has no /kv_event_sources"),
     # Bodies the emulator does not model.
     Difference(
         "completions logprobs",

@@ -225,7 +225,7 @@ class _Stream:
 
 
 def _pass(message: Any, kind: str | None) -> list[Any]:
-    """Hand back a response the picker did not pick for (e.g. after a refusal) unchanged."""
+    """Hand back a response the picker did not pick for (the gateway's own answer) unchanged."""
     if kind == "response_headers":
         return [encoding.headers_answer([])]
     if kind == "response_body":
