@@ -8,9 +8,9 @@ verdict closes or reopens it. Verdicts of requests sent before the trip are igno
 Per request: ``allows(now)`` while building the dispatch snapshot, ``trial = on_dispatch(now)`` when
 it is really sent, ``record_success``/``record_failure`` for its verdict and, for the trial,
 ``release_trial()`` when it ends (which frees the slot when the client left without a verdict).
-Each transition is returned once by the call that caused it, but the trial's (OPEN → HALF_OPEN,
-made by ``on_dispatch`` as it sends the trial): its verdict's is. The state diagram and the reasoning on
-stragglers: benchmarks/README.md, "Design notes moved from the code".
+Each transition is returned once by the call that caused it, except the trial's start (OPEN →
+HALF_OPEN, made by ``on_dispatch`` as it sends the trial): only its verdict's is. The state
+diagram and the reasoning on stragglers: benchmarks/README.md, "Design notes moved from the code".
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The request path (a request failed or succeeded on an instance) and the probes (health, slow cards)
 both report here. Each change is logged once and counted once (``taogate_health_transitions``; of
-the breaker's, the trial's verdict, not its start), and
-the gateway queue is woken whenever capacity may have appeared, so no caller repeats that logic.
+a breaker trial, its verdict, not its start), and the gateway queue is woken whenever capacity may
+have appeared, so no caller repeats that logic.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ gateway sees at high rates finish sooner. One timer serves every request in flig
 ``after`` seconds while any is watched: a timer armed and cancelled per request cost more than the
 rest of the watch (benchmarks/README.md). A client that left earlier is seen then, since the
 listener's cycle (``taogate.cycle.Cycle.receive``) answers ``http.disconnect`` at once for a
-connection already gone: an abort at
-most ``2 * after`` late, on requests that cost the instance little so far.
+connection already gone: an abort at most ``2 * after`` late, on requests that cost the instance
+little so far.
 """
 
 from __future__ import annotations
