@@ -26,7 +26,8 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    """The system's resolver (getaddrinfo in the loop's executor: it blocks)."""
+    """The system's resolver (the loop's getaddrinfo, which blocks in a thread: the executor's, or
+    libuv's pool under uvloop; a lookup that hangs there is not stopped, only no longer waited for)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
 

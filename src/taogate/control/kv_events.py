@@ -270,7 +270,8 @@ class KvEventsSubscriber:
             except zmq.ZMQError as exc:
                 error = exc
         log.warning(
-            "instance %s: KV events on %s unavailable (%s); approximate mode until the next reload",
+            "instance %s: KV events on %s unavailable (%s); approximate mode until it is tried again "
+            "(the next reload or change of the fleet)",
             inst.name,
             endpoint,
             error,

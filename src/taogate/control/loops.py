@@ -23,7 +23,8 @@ class Background:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def every(self, interval: Callable[[], float], tick: Round) -> None:
-        """Run ``tick`` every ``interval()`` seconds (0 or less: paused, looked at again each second)."""
+        """Run ``tick`` after each ``interval()`` seconds of sleep (0 or less: paused, looked at again
+        each second); a reloaded interval counts from the next sleep."""
         self._spawn(self._loop(tick, interval))
 
     def once(self, job: Coroutine[Any, Any, None]) -> None:

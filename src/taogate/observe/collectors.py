@@ -2,8 +2,9 @@
 instance's dispatch state, the gateway queue, precise mode's index, the client keys' tallies and
 the upstream connections.
 
-Label values are bounded: instance names come from config, client keys from ``[[keys]]`` (and
-``unified``), the KV index's reasons from a fixed set.
+Label values are bounded: instance names come from config or discovery (read from the live fleet,
+so those gone go with it), client keys from ``[[keys]]`` (and ``unified``), the KV index's reasons
+from a fixed set.
 """
 
 from __future__ import annotations
