@@ -2,7 +2,8 @@
 
 Everything here is a function of plain data (``Sample`` rows), so it is tested on fixed numbers.
 Percentiles interpolate linearly between closest ranks (numpy's default), so p50 of ``[1, 2, 3, 4]``
-is 2.5. Throughput is over the run's busy span: first request sent to last response finished.
+is 2.5. Throughput is over the successful requests' span: the first of them sent to the last
+finished (a run's errors count apart).
 """
 
 from __future__ import annotations
