@@ -97,6 +97,7 @@ class HealthProbes:
         except Exception:  # a bug of ours: said, and the instance serves unwarmed
             log.exception("instance %s: warm-up failed", inst.name)
         self._events.capacity_changed()
+        self._events.check_slow()  # what the warm-up taught may flag a slow card now, not a round later
 
     def _ended(self, name: str, task: asyncio.Task[None]) -> None:
         if self._warming.get(name) is task:
