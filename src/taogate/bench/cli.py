@@ -224,7 +224,9 @@ def bench(
         file=file,
         capacity=fleet_capacity(configs) if configs else None,
     )
-    scenario = Scenario(f"gateway {strategy}", "gateway", strategy, prefix_affinity=strategy == "least_busy")
+    affinity = strategy == "least_busy"  # the default gateway's dispatch, named as compare names it
+    label = f"gateway {strategy}" + ("+affinity" if affinity else "")
+    scenario = Scenario(label, "gateway", strategy, prefix_affinity=affinity)
     with held_logs() as held:
         outcomes = asyncio.run(
             _bench(
