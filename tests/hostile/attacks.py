@@ -75,12 +75,14 @@ cut_inside_an_event = cut(CHAT_EVENT, b'data: {"id":"c","choi', chunked=True)
 
 
 # -- attacks -----------------------------------------------------------------------------------------
-def stalled_upload(url: str, start: str, pause: float, drip: int = 20, key: str = KEY) -> tuple[float, bytes]:
-    """A form head declaring a megabyte, then a byte every ``pause`` s (at most ``drip``): how long
-    until the gateway answered or hung up, and what it said."""
+def stalled_upload(
+    url: str, start: str, pause: float, drip: int = 20, *, key: str = KEY, extra: str = ""
+) -> tuple[float, bytes]:
+    """A form head declaring a megabyte (and the header lines ``extra``), then a byte every ``pause``
+    s (at most ``drip``): how long until the gateway answered or hung up, and what it said."""
     head = (
         "POST /v1/audio/transcriptions HTTP/1.1\r\nhost: x\r\n"
-        f"authorization: Bearer {key}\r\ncontent-length: 1000000\r\n"
+        f"authorization: Bearer {key}\r\ncontent-length: 1000000\r\n{extra}"
         f"content-type: multipart/form-data; boundary={BOUNDARY}\r\n\r\n"
     )
     with _connect(url, timeout=pause * drip + 30) as sock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -45,9 +46,21 @@ async def test_an_upload_its_key_refuses_before_dispatch_ends_its_connection() -
     keys = [{"name": "uploader", "key_sha256": digest, "models": ["another-model"]}]
     async with gateway(swallow, keys=keys, gateway={"body_timeout": 10.0}) as (gw, scripted):  # type: ignore[arg-type]
         took, answer = await in_thread(
-            stalled_upload, gw.url, MODEL_FIELD + FILE_START, 0.25, 40, "uploader-secret"
+            partial(stalled_upload, key="uploader-secret"), gw.url, MODEL_FIELD + FILE_START, 0.25, 40
         )
     headers, body = head_and_body(answer)
     assert status_of(answer) == 404 and b'"model_not_found"' in body, answer[:300]
     assert headers["connection"] == ["close"] and took < 5.0, (headers, took)
     assert scripted is not None and not scripted.heads  # nothing went upstream
+
+
+async def test_a_compressed_form_is_refused_as_a_compressed_json_body_is() -> None:
+    """Its model field cannot be read compressed (it was read as no model at all): a 415, and the
+    connection ends at once, the rest of the form unread."""
+    gzipped = partial(stalled_upload, extra="content-encoding: gzip\r\n")
+    async with gateway(swallow) as (gw, scripted):
+        took, answer = await in_thread(gzipped, gw.url, MODEL_FIELD + FILE_START, 0.25, 40)
+    headers, body = head_and_body(answer)
+    assert status_of(answer) == 415 and b"send the form uncompressed" in body, answer[:300]
+    assert headers["connection"] == ["close"] and took < 5.0, (headers, took)
+    assert scripted is not None and not scripted.heads

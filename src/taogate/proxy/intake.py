@@ -196,6 +196,15 @@ _HEADS: Final = {
 }
 
 
+def _uncompressed(encoding: bytes | None, what: str) -> None:
+    """UnsupportedEncoding (415) unless the body comes without a content coding."""
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        raise UnsupportedEncoding(
+            f"Content-Encoding {encoding.decode('latin-1')[:64]!r} is not accepted: send the {what} "
+            "uncompressed."
+        )
+
+
 def _heads(
     headers: list[tuple[bytes, bytes]],
 ) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None, bytes | None, bytes | None]:
@@ -281,15 +290,12 @@ class Intake:
         """``ceiling``: the most urgent priority class the client's key may claim; ``rewrite``: the
         model the gateway in front names in place of a JSON body's own (picker mode), written into
         the body that goes on."""
-        if route.body == "multipart":
+        if route.body == "multipart":  # a form is read for its model field as it came: uncompressed
+            _uncompressed(header(headers, b"content-encoding"), "form")
             return await self.read_upload(headers, receive, ceiling)
         settings = self._settings
         encoding, length, ours, theirs, receipt, client_tag = _heads(headers)
-        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
-            raise UnsupportedEncoding(
-                f"Content-Encoding {encoding.decode('latin-1')[:64]!r} is not accepted: send the JSON "
-                "body uncompressed."
-            )
+        _uncompressed(encoding, "JSON body")
         g = settings.gateway
         body = await read_body(receive, g.max_body_bytes, length, g.body_timeout, self._deadlines)
         if route.body == "none":
