@@ -54,8 +54,13 @@ async def test_six_chained_calls_across_two_instances_all_succeed(gateway_factor
         streamed = await client.responses.create(
             model=MODEL, input="and?", max_output_tokens=3, previous_response_id=last, stream=True
         )
-        kinds = [event.type async for event in streamed]
-        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        events = [event async for event in streamed]
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        # One message, one id: in the events that name it and in the response they complete.
+        done = events[-1].response  # type: ignore[union-attr]
+        named = {e.item_id for e in events if hasattr(e, "item_id")}
+        named |= {e.item.id for e in events if e.type.startswith("response.output_item")}  # type: ignore[union-attr]
+        assert named == {done.output[0].id}, (named, done.output[0].id)
 
 
 async def test_an_id_the_client_chose_is_remembered(gateway_factory: GatewayFactory) -> None:

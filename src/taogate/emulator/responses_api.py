@@ -56,11 +56,17 @@ def _input_messages(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _message_id(rid: str) -> str:
+    """The one message's id, from its response's: the same in every event and in what is stored, as
+    vLLM keeps it."""
+    return "msg_" + rid[-16:]
+
+
 def _response(rid: str, payload: dict[str, Any], model: str, status: str, text: str | None) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if text is not None:
         part: dict[str, Any] = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
-        item: dict[str, Any] = {"id": "msg_" + os.urandom(8).hex(), "content": [part], "role": "assistant"}
+        item: dict[str, Any] = {"id": _message_id(rid), "content": [part], "role": "assistant"}
         output.append({**item, "status": "completed", "type": "message"})
     return {
         "id": rid,
@@ -131,7 +137,7 @@ class _Converter(Rewrite):
 
     def events(self, body: bytes) -> list[bytes]:
         out: list[bytes] = []
-        item = {"id": "msg_" + self._rid[-16:], "content": [], "role": "assistant"}
+        item = {"id": _message_id(self._rid), "content": [], "role": "assistant"}
         where = {"content_index": 0, "item_id": item["id"], "output_index": 0}
         for raw in body.split(b"\n\n"):
             if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
