@@ -39,5 +39,10 @@ class Origin:
         return cls(parts.scheme, host, port, parts.path.rstrip("/").encode(), authority, auth)
 
     @property
+    def endpoint(self) -> str:
+        """``host:port`` (an IPv6 host bracketed), never the URL's credentials."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
     def key(self) -> tuple[str, str, int]:
         return (self.scheme, self.host, self.port)

@@ -24,9 +24,8 @@ from taogate.dispatch.types import RequestFacts
 from taogate.errors import OPENAI_ERRORS, GatewayError, MethodNotAllowed, NoInstance, NotFound
 from taogate.fleet.lease import Lease
 from taogate.gateway import Gateway
-from taogate.h1.origin import Origin
 from taogate.picker.encoding import Headers
-from taogate.picker.hints import endpoint_of, excluded_by_subset
+from taogate.picker.hints import endpoint_of, excluded_by_subset, origin_of
 from taogate.picker.names import FAIRNESS_ID, first_header
 from taogate.picker.objective import Objectives
 from taogate.picker.rewrite import rewritten_model
@@ -198,9 +197,9 @@ class Admission:
         try:
             spec = lease.instance.spec
             up_headers, up_body = forward.to(spec)
-            if "@" in spec.url and not any(k == b"authorization" for k, _ in up_headers):
-                basic = Origin.parse(spec.url).basic_auth  # what h1 sends under serve
-                up_headers = [*up_headers, (b"authorization", basic)] if basic else up_headers
+            basic = origin_of(spec.url).basic_auth  # the URL's credentials, sent as h1 sends them under serve
+            if basic is not None and not any(k == b"authorization" for k, _ in up_headers):
+                up_headers = [*up_headers, (b"authorization", basic)]
             set_headers, remove = header_changes(plain, up_headers)
             sent = up_body if isinstance(up_body, bytes) else body  # a multipart upload goes as it came
             now = gw.clock()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 from taogate.fleet.instance import Instance
+from taogate.h1.origin import Origin
 from taogate.picker.names import SERVED, SUBSET
 
 __all__ = [
@@ -74,10 +74,12 @@ def instance_at(instances: Iterable[Instance], endpoint: str) -> Instance | None
 
 
 @functools.lru_cache(maxsize=4096)
+def origin_of(url: str) -> Origin:
+    """An instance's URL parsed once: where it lives, and its Basic credentials if any."""
+    return Origin.parse(url)
+
+
 def endpoint_of(url: str) -> str:
     """An instance's ``host:port`` as the gateway in front routes to it (``ip:port`` where its URL
     names an IP): the scheme's default port if the URL gives none, never the URL's credentials."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    shown = f"[{host}]" if ":" in host else host
-    return f"{shown}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    return origin_of(url).endpoint
