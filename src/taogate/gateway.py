@@ -226,7 +226,16 @@ class Gateway:
         await self.discovery.resolve()
         self.kv_events.sync()  # subscribed before any traffic of ours: the warm-up's blocks are indexed
         await asyncio.gather(self.probes.probe_all(), self.scraper.scrape_all())
-        await self.probes.warmed()  # dispatch knows each instance's speed before the first request
+        # Dispatch knows each instance's speed before the first request, unless its engine is too
+        # busy with its own work to answer the warm-up soon (a gateway restarted under load).
+        wait = self.settings.dispatch.warmup_wait
+        if late := await self.probes.warmed(within=wait):
+            log.warning(
+                "serving before the warm-up of %s ended (%g s; its engine busy or slow): its speed is "
+                "learned when the warm-up ends, or from traffic",
+                ", ".join(late),
+                wait,
+            )
         bg = self._background
         bg.every(lambda: self.settings.discovery.interval, self._discover)
         bg.every(lambda: self.settings.dispatch.health_check_interval, self.probes.probe_all)

@@ -200,6 +200,12 @@ class DispatchSettings(Section):
     warmup_tokens: int = Field(
         default=2048, ge=0, le=32768, description="Prefill probe per instance as it comes up (0: off)."
     )
+    warmup_wait: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds a starting gateway waits for the instances' warm-ups before it listens; "
+        "one still running then (its engine busy) teaches dispatch when it ends.",
+    )
     remeasure_after: float = Field(
         default=60.0,
         ge=0,

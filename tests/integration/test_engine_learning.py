@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 
 import pytest
 
@@ -119,3 +120,24 @@ async def test_a_card_turned_slow_and_starved_before_it_is_flagged_is_measured_u
     counted = r'^taogate_health_transitions_total\{instance="turned",kind="speed",to="remeasured"\} (\S+)$'
     found = re.search(counted, text, re.M)
     assert found is not None and float(found.group(1)) >= 1, text
+
+
+async def test_a_gateway_whose_engine_holds_up_its_warm_up_serves_anyway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A warm-up stuck behind an engine's own work (a gateway restarted under load) holds startup
+    up a bounded time, said so, and stopping ends it rather than waiting for its answer."""
+    caplog.set_level(logging.INFO)
+    async with run_fleet([EmulatorConfig(seed=i) for i in range(2)]) as fleet:
+        fleet.instances[1].faults.hang = True  # answers /health, holds every generation
+        settings = settings_for(
+            fleet.urls, names=["ready", "held"], dispatch={"warmup_tokens": 1024, "warmup_wait": 0.5}
+        )
+        started = time.monotonic()
+        async with serve_gateway(settings) as gate:
+            assert gate.app.gateway.fleet.speeds.samples("ready") >= 1
+            assert gate.app.gateway.fleet.speeds.samples("held") == 0
+        took = time.monotonic() - started
+    assert took < 10.0  # the held answer would take the request timeout (30 s)
+    assert "serving before the warm-up of held ended" in caplog.text
+    assert "instance ready warmed up" in caplog.text and "held: warm-up failed" not in caplog.text

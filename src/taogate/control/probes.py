@@ -3,7 +3,7 @@
 Probes never block requests: they have their own short timeout and only publish results into each
 Instance. A state change goes to the fleet events (logged and counted once); an instance that comes
 up is warmed up before the queue is woken for it, in a task of its own, so a slow warm-up holds up
-no round of probes (startup waits for the first ones: ``warmed``).
+no round of probes (startup waits a bounded time for the first ones: ``warmed``).
 """
 
 from __future__ import annotations
@@ -51,10 +51,13 @@ class HealthProbes:
         self._events.capacity_changed()  # a breaker cool-down may have ended since the last round
         self._events.check_slow()
 
-    async def warmed(self) -> None:
-        """Until the warm-ups started so far have ended."""
-        if self._warming:
-            await asyncio.gather(*self._warming.values(), return_exceptions=True)
+    async def warmed(self, within: float) -> list[str]:
+        """Wait, ``within`` seconds at most, for the warm-ups started so far to end; the names of
+        those still running (they go on, and teach dispatch when they end)."""
+        running = dict(self._warming)
+        if running:
+            await asyncio.wait(running.values(), timeout=within)
+        return sorted(name for name, task in running.items() if not task.done())
 
     async def aclose(self) -> None:
         """Cancel the warm-ups still running, and wait for them to end."""
