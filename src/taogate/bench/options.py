@@ -59,7 +59,14 @@ KeyOpt = Annotated[str | None, typer.Option("--key", help="API key (default: pro
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name (default: profile).")]
 WorkloadOpt = Annotated[str, typer.Option("--workload", help="long-prompts|single|mixed|shared-prefix|file.")]
 RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests per run (workload default).")]
-ConcOpt = Annotated[int, typer.Option("--concurrency", help="Requests in flight at once.")]
+ConcOpt = Annotated[
+    int,
+    typer.Option(
+        "--concurrency",
+        help="Requests in flight at once (long-prompts, shared-prefix, file; mixed arrives at --rate, "
+        "single is one request).",
+    ),
+]
 PromptOpt = Annotated[int, typer.Option("--prompt-tokens", help="Approximate prompt size in tokens.")]
 MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="max_tokens per request.")]
 RateOpt = Annotated[float | None, typer.Option("--rate", help="mixed: Poisson arrivals per second.")]
