@@ -301,3 +301,19 @@ def test_the_breaker_rests_longer_after_each_failed_trial_up_to_the_configured_m
         assert breaker.on_dispatch(now)  # the trial
         opened = breaker.record_failure(now)
     assert rests == [2.0, 4.0, 5.0]
+
+
+def test_scrapes_turned_off_by_reload_leave_no_stats_to_age() -> None:
+    """With ``scrape_interval = 0`` no scrape would ever clear a stale flag or replace the last
+    stats: a reload that turns scrapes off drops them, and the flags with them."""
+    settings = _settings(4, 1.0, True, names=("a",))
+    fleet = Fleet(settings, SpeedEstimator())
+    fleet.apply(settings, specs_from_settings(settings, {}))
+    inst = fleet.get("a")
+    inst.record_scrape(EngineSample(prompt_tokens=10.0, generation_tokens=5.0, kv_usage=0.5, engines=1), 1.0)
+    inst.stats_stale = inst.scrape_slow = True
+    assert inst.engine is not None
+    off = settings.model_copy(update={"dispatch": DispatchSettings(scrape_interval=0)})
+    fleet.apply(off, specs_from_settings(off, {}))
+    assert inst.engine is None and inst.engine_stats(1.5) is None
+    assert not inst.stats_stale and not inst.scrape_slow

@@ -110,6 +110,8 @@ class Scraper:
             )
 
     def _record(self, inst: Instance, text: str) -> None:
+        if self._settings().dispatch.scrape_interval <= 0:
+            return  # scrapes turned off while this one was in flight: no later one would age it out
         sample = parse_vllm_metrics(text)
         inst.record_scrape(sample, self._clock())
         if inst.engine_prev is not None and not inst.retired:  # a removed instance's speed is forgotten

@@ -134,6 +134,8 @@ class Fleet:
         self._instances = new
         for inst in new.values():  # the config's rules, the spec: each view is rebuilt
             inst._changed()
+            if settings.dispatch.scrape_interval <= 0:
+                inst.scrapes_off()
         self._refresh_models()
         self._retired = [i for i in self._retired if i.inflight > 0]
         return added, removed, changed

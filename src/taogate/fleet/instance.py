@@ -244,6 +244,16 @@ class Instance:
             gained = sample.prefix_hits - prev.prefix_hits
             self.cache.counters(gained if gained >= 0 else sample.prefix_hits)  # < 0: it restarted
 
+    def scrapes_off(self) -> None:
+        """``scrape_interval`` was set to 0: what the last scrapes said is dropped, not left to age
+        behind a stale flag no scrape will ever clear (a load report's stats stay)."""
+        self._view = None
+        self.engine = self.engine_prev = None
+        if self._engine_stats is not self._report_stats:
+            self._engine_stats = None
+        self.scrape_ok, self.scrape_slow, self.stats_stale = True, False, False
+        self.scrape_began = self.scrape_seconds = None
+
     def record_load_report(self, value: str | None, now: float) -> None:
         """A non-streaming answer's ``endpoint-load-metrics``: the engine's waiting requests and KV
         usage as that request ended, fresher than the last scrape. The running count (the header
