@@ -86,6 +86,7 @@ def admin_router(
         if not inst.draining:
             inst.draining = True
             log.info("instance %s draining: no new work, %d in flight finish", name, inst.inflight)
+            dispatcher.recheck()  # waiters only it could take are refused now
         return {"instance": name, "draining": True, "inflight": inst.inflight}
 
     @router.post("/instances/{name}/undrain")

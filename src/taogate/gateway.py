@@ -291,7 +291,7 @@ class Gateway:
         changes = self._install(parts)
         self._probe_new()
         self.kv_events.sync()
-        self.dispatcher.pump()
+        self.dispatcher.recheck()
         added, removed, changed = changes
         for name in removed:
             self.metrics.forget_instance(name)
@@ -382,5 +382,5 @@ class Gateway:
         for name in removed:  # pods come and go: their label sets must not pile up in /metrics
             self.metrics.forget_instance(name)
         self.kv_events.sync()
-        self.dispatcher.pump()
+        self.dispatcher.recheck()
         return added, removed

@@ -12,7 +12,7 @@ import pytest
 from taogate.dispatch.policy import make_policy
 from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.types import InstanceView, RequestFacts, Send
-from taogate.errors import Overloaded
+from taogate.errors import NoInstance, Overloaded
 from taogate.fleet.dispatcher import Dispatcher
 from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.instance_settings import InstanceSettings
@@ -160,3 +160,37 @@ async def test_a_sheddable_request_is_refused_where_it_would_wait() -> None:
     assert shed.value.code == "shed" and shed.value.status == 429 and shed.value.retry_after
     assert d.queued == 0  # it never joined the queue
     got[0].release()
+
+
+async def test_a_waiter_whose_instances_went_away_is_refused_at_once() -> None:
+    """Behind a waiter that must wait, a waiter only a downed instance could take is refused (503)
+    when capacity is looked at again, not left to its queue timeout."""
+    s = Settings(
+        instances=[
+            InstanceSettings(url="http://127.0.0.1:9", name="a", max_queue=1),
+            InstanceSettings(url="http://127.0.0.1:8", name="b", max_queue=1),
+        ]
+    )
+    fleet = Fleet(s, SpeedEstimator())
+    fleet.apply(s, specs_from_settings(s, {}))
+    for inst, model in zip(fleet, ("A", "B"), strict=True):
+        inst.health.record(True, 0.0)
+        fleet.set_models(inst, {model: {"id": model}})
+    d = Dispatcher(fleet, make_policy("least_busy"), queue_size=10, queue_timeout=30.0, clock=time.monotonic)
+    wants_a, wants_b = (RequestFacts(model=m, prompt_tokens=10, long=False) for m in ("A", "B"))
+    held = [d.try_acquire(wants_a), d.try_acquire(wants_b)]
+    assert all(h is not None for h in held)
+    first = asyncio.create_task(d.wait_for_slot(wants_a, frozenset()))
+    second = asyncio.create_task(d.wait_for_slot(wants_b, frozenset()))
+    await asyncio.sleep(0)
+    b = fleet.get("b")
+    while b.up:
+        b.health.record(False, 1.0)
+    d.recheck()
+    with pytest.raises(NoInstance):
+        await asyncio.wait_for(second, 1.0)
+    assert not first.done() and d.queued == 1
+    first.cancel()
+    for h in held:
+        assert h is not None
+        h[0].release()

@@ -11,7 +11,7 @@
   eligible instance has room (work-conserving). Queue full or wait too long → 429 with Retry-After
   from the drain rate; a sheddable request (``shed``) is refused so at once instead of waiting;
 * ``Refuse`` → 503 (no instance can take this request at all) or 404 (model served by none), also
-  to a waiter whose instances went away meanwhile.
+  to a waiter whose instances went away meanwhile (``recheck``).
 """
 
 from __future__ import annotations
@@ -306,6 +306,21 @@ class Dispatcher:
                 break
             else:
                 return
+
+    def recheck(self) -> None:
+        """Capacity may have gone (an instance down, ejected, drained or removed) as well as come:
+        the waiters no instance can take any more are refused now (503, or 404 for a model none
+        serves), as a request arriving now would be, not at their queue timeout; then ``pump``.
+        ``pump`` alone stops at the first waiter when nothing has room, so it cannot see them."""
+        views = self.fleet.views(self._clock())
+        for waiter in list(self._waiters.offers()):
+            if waiter.future.done():
+                continue
+            got = decide(waiter.facts, views, self._rules.policy, waiter.exclude)
+            if isinstance(got, Refuse):
+                self._waiters.remove(waiter)
+                waiter.future.set_exception(self._refusal(got, waiter.facts))
+        self.pump()
 
     def fail_all(self, exc: GatewayError) -> None:
         """Shutdown: refuse everyone still waiting."""

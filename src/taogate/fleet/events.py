@@ -67,6 +67,7 @@ class FleetEvents:
             log.warning("instance %s ejected for %.0fs after repeated request failures", inst.name, cooldown)
             # The queue is woken when the trial becomes possible: nothing else happens then.
             asyncio.get_running_loop().call_later(cooldown + 0.01, self._dispatcher.pump)
+            self._dispatcher.recheck()  # waiters only it could take are refused now
         else:
             log.info("instance %s breaker %s", inst.name, to)
             self._dispatcher.pump()
@@ -96,8 +97,8 @@ class FleetEvents:
         self._count(inst.name, "speed", "remeasured")
 
     def capacity_changed(self) -> None:
-        """Something may have freed capacity (an instance came up, a cool-down ended)."""
-        self._dispatcher.pump()
+        """Capacity may have changed (an instance came up or went down, a cool-down ended)."""
+        self._dispatcher.recheck()
 
     def check_slow(self) -> None:
         """Run the slow-instance detector; one log line per change, not per check."""
