@@ -317,3 +317,28 @@ def test_scrapes_turned_off_by_reload_leave_no_stats_to_age() -> None:
     fleet.apply(off, specs_from_settings(off, {}))
     assert inst.engine is None and inst.engine_stats(1.5) is None
     assert not inst.stats_stale and not inst.scrape_slow
+
+
+def test_an_instance_removed_and_listed_again_while_busy_keeps_its_cap() -> None:
+    """A pod that drops out of discovery and comes back while its requests run is the same
+    instance: its cap counts those requests, not a fresh zero."""
+    settings = _settings(1, 1.0, True, names=("a", "b"))
+    fleet = Fleet(settings, SpeedEstimator())
+    specs = specs_from_settings(settings, {})
+    fleet.apply(settings, specs)
+    d = Dispatcher(fleet, make_policy("least_busy"), queue_size=4, queue_timeout=1.0, clock=lambda: 1.0)
+    for inst in fleet:
+        inst.health.record(True, 0.0)
+    facts = RequestFacts(model=None, prompt_tokens=10, long=False)
+    held = [d.try_acquire(facts), d.try_acquire(facts)]
+    assert {h[1].instance for h in held if h is not None} == {"a", "b"}
+    only_a = [s for s in specs if s.name == "a"]
+    _, removed, _ = fleet.apply(settings, only_a)
+    assert removed == ["b"]
+    added, _, _ = fleet.apply(settings, specs)
+    assert added == ["b"] and fleet.get("b").inflight == 1 and not fleet.get("b").retired
+    assert d.try_acquire(facts) is None  # both at their cap of 1: the request waits
+    for h in held:
+        assert h is not None
+        h[0].release()
+    assert fleet.all_inflight() == 0

@@ -109,9 +109,11 @@ class Fleet:
         for spec in specs:
             old = self._instances.get(spec.name)
             if old is None:
-                new[spec.name] = self._new_instance(spec)
                 added.append(spec.name)
-                continue
+                old = self._revived(spec.name)
+                if old is None:
+                    new[spec.name] = self._new_instance(spec)
+                    continue
             if old.spec != spec:
                 changed.append(spec.name)
                 if old.spec.weight != spec.weight:  # what it learned stays, priced at the new weight
@@ -139,6 +141,17 @@ class Fleet:
         self._refresh_models()
         self._retired = [i for i in self._retired if i.inflight > 0]
         return added, removed, changed
+
+    def _revived(self, name: str) -> Instance | None:
+        """A removed instance listed again while its requests still run (a pod back in DNS): the
+        same object, so its cap counts them, and its breaker and health carry over."""
+        for inst in self._retired:
+            if inst.name == name:
+                self._retired.remove(inst)
+                inst.draining = inst.retired = False
+                self.speeds.seed(name, inst.spec.weight)
+                return inst
+        return None
 
     def views(self, now: float) -> list[InstanceView]:
         """Every instance as dispatch sees it now, with what the speed estimator has learned.
