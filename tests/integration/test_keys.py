@@ -253,3 +253,35 @@ async def test_the_anthropic_sdk_sends_a_named_key_as_x_api_key_and_meets_its_li
             with pytest.raises(anthropic.RateLimitError) as refused:
                 await client.messages.create(**ask)
             assert int(refused.value.response.headers["retry-after"]) >= 1
+
+
+async def test_a_key_s_limits_are_not_talked_out_of() -> None:
+    """A negative output limit would credit a key's token count; a request naming no model would
+    reach whichever model an instance serves; a Responses answer's limit must be reserved."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        keys = [{**TEAM_A, "tokens_per_minute": 500, "models": [MODEL]}]
+        async with keyed_gateway(keyed_settings(fleet.urls, keys)) as gw, AsyncExitStack() as stack:
+            await wait_until(lambda: all(i.models for i in gw.gateway.fleet), what="models learned")
+            client = await stack.enter_async_context(sdk(gw, SECRETS["TEAM_A_KEY"]))
+            with pytest.raises(openai.BadRequestError) as negative:
+                await chat(client, max_tokens=-(10**15))
+            assert negative.value.code == "invalid_request" and "max_tokens" in negative.value.message
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=gw.url, headers={"authorization": f"Bearer {SECRETS['TEAM_A_KEY']}"}
+                )
+            )
+            for path in ("/tokenize", "/invocations"):  # vLLM would use its own model
+                r = await http.post(path, json={"messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 400, (path, r.text)
+                assert r.json()["error"]["code"] == "missing_model"
+            remaining = []
+            for body in (
+                {"model": MODEL, "input": "hi", "max_output_tokens": 400},
+                {"model": MODEL, "input": "hi", "max_output_tokens": 400},
+            ):
+                r = await http.post("/v1/responses", json=body)
+                remaining.append(r.headers.get("x-ratelimit-remaining-tokens"))
+                if r.status_code == 429:
+                    break
+            assert r.status_code == 429, remaining  # 400 reserved twice passes 500

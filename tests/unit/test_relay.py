@@ -44,6 +44,24 @@ def test_usage_is_found_in_crlf_framed_events_whatever_the_chunking(cuts: list[i
     assert 1 <= ends <= 4
 
 
+@pytest.mark.parametrize("piece", [1 << 14, 1 << 16, 1 << 18])
+@pytest.mark.parametrize("size", [300_000, 1 << 20])
+def test_the_usage_of_a_responses_answer_echoed_whole_is_found_in_any_pieces(piece: int, size: int) -> None:
+    """``response.completed`` carries the whole answer and its usage after it: past the tap's bound
+    only the event's end is held, and the usage is cut out of it."""
+    completed = {
+        "type": "response.completed",
+        "response": {"id": "r1", "instructions": "x" * size, "output": [], "usage": NESTED, "user": None},
+    }
+    stream = b'data: {"type":"response.created"}\n\n' + b"data: " + _body(completed) + b"\n\n"
+    stream += b'data: {"type":"after"}\n\n'
+    tap = UsageTap()
+    ends = sum(tap.feed(stream[at : at + piece]) for at in range(0, len(stream), piece))
+    assert tap.usage == NESTED
+    assert ends >= 2
+    assert tap._size < 512 * 1024
+
+
 def test_no_usage_no_parse() -> None:
     tap = UsageTap()
     tap.feed(b'data: {"choices":[]}\n\ndata: [DONE]\n\n')

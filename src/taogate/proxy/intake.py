@@ -148,6 +148,26 @@ def model_of(route: Route, payload: dict[str, Any]) -> str | None:
     return model
 
 
+#: Where a request's output limit may be, the first not null wins: chat's newer name, the older one
+#: (completions, Anthropic), the Responses API's.
+_LIMITS: Final = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def output_limit(payload: dict[str, Any]) -> int | None:
+    """The request's output limit in tokens, None if it sets none (or not as an integer, which the
+    engine answers itself). A negative one is refused here: a key's token limit reserves it."""
+    for name in _LIMITS:
+        value = payload.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        if value < 0:
+            raise BadRequest(f"'{name}' must not be negative, got {value}.", param=name)
+        return value
+    return None
+
+
 def request_facts(
     route: Route,
     payload: dict[str, Any],
@@ -168,7 +188,7 @@ def request_facts(
     chain = None
     if shared is not None and shared.chain:
         chain = PromptChain(shared, functools.partial(tokens.estimate, model))
-    limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    limit = output_limit(payload)
     return (
         RequestFacts(
             model=model,
@@ -177,7 +197,7 @@ def request_facts(
             prefix_key=shared.key if shared else None,
             prefix_tokens=tokens.estimate(model, shared.size) if shared else 0,
             stream=payload.get("stream") is True,
-            max_tokens=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+            max_tokens=limit,
             priority=priority,
             chain=chain,
         ),

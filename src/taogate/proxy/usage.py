@@ -15,6 +15,8 @@ __all__ = ["UsageTap", "counts", "usage_counts", "usage_of_body"]
 
 _USAGE = b'"usage"'
 _MAX_PENDING = 256 * 1024
+#: What is kept of a bigger event: its end, which holds a Responses answer's usage.
+_KEPT_END = 64 * 1024
 
 
 class UsageTap:
@@ -22,14 +24,16 @@ class UsageTap:
     chunks end an event (the relay's idle rule counts events, not bytes).
 
     Only chunks that mention ``"usage"`` are parsed; an event split across chunks is held until its
-    end arrives (bounded: a bigger event is not a usage event).
+    end arrives. Held within a bound: of a bigger event (a Responses answer echoed whole in
+    ``response.completed``) only the end is kept, where its usage is, and cut out at its end.
     """
 
-    __slots__ = ("_parts", "_size", "_tail", "usage")
+    __slots__ = ("_cut", "_parts", "_size", "_tail", "usage")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []  # the unfinished event so far
         self._size = 0
+        self._cut = False  # the unfinished event's start was dropped: only its end is held
         self._tail = b""  # the last two bytes seen, for a blank line split across chunks
         self.usage: dict[str, Any] | None = None
 
@@ -56,12 +60,12 @@ class UsageTap:
             self._size = 0
         elif parts:
             if not split:
+                parts.append(chunk)
                 self._size += len(chunk)
                 if self._size > _MAX_PENDING:
-                    parts.clear()
-                    self._size = 0
-                else:
-                    parts.append(chunk)
+                    kept = b"".join(parts)[-_KEPT_END:]
+                    parts[:] = [kept]
+                    self._size, self._cut = len(kept), True
                 return ended
             parts.append(chunk)
             data = b"".join(parts)
@@ -69,6 +73,14 @@ class UsageTap:
             self._size = 0
         else:
             data = chunk
+        if self._cut:  # the big event's end is the first boundary in ``data``
+            self._cut = False
+            first = data.find(b"\n\n")
+            at = data.rfind(_USAGE_KEY, 0, first)
+            usage = _cut_out(data, at + len(_USAGE_KEY)) if at >= 0 else None
+            if usage is not None:
+                self.usage = usage
+            data = data[first + 2 :]
         # Keep what follows the last event boundary (usually nothing), so an event, or the word
         # "usage" itself, split across chunks is still seen whole.
         end = data.rfind(b"\n\n")

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from starlette.types import Send
 
 from taogate.dispatch.types import RequestFacts
-from taogate.errors import GatewayError, NoInstance, NotFound
+from taogate.errors import BadRequest, GatewayError, NoInstance, NotFound
 from taogate.key_settings import LimitsSettings
 from taogate.request_record import RequestRecord
 from taogate.tenancy.answers import RateLimited, rate_headers, refusal
@@ -218,6 +218,16 @@ class Limiter:
         stats = self.stats.get(tenant.name)
         if stats is None:  # a key revoked while its request was being read: tallied nowhere
             stats = KeyStats()
+        if tenant.models is not None and model is None:  # the engine would pick its own model
+            raise self.reject(
+                stats,
+                "missing_model",
+                BadRequest(
+                    "This key may use only some models: name one in 'model' (GET /v1/models lists them).",
+                    code="missing_model",
+                    param="model",
+                ),
+            )
         if tenant.models is not None and model is not None and model not in tenant.models:
             raise self.reject(
                 stats,
