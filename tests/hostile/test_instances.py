@@ -89,6 +89,21 @@ async def test_a_101_switching_protocols_is_a_502_and_never_a_traceback(
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], caplog.text
 
 
+@pytest.mark.parametrize("status", [b"099", b"700", b"999"])
+async def test_a_status_outside_http_s_range_is_a_502_and_never_a_traceback(
+    status: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    def answer(sock: socket.socket, head: bytes, body: bytes) -> None:
+        sock.sendall(b"HTTP/1.1 " + status + b" X\r\ncontent-length: 2\r\n\r\n{}")
+
+    caplog.set_level(logging.WARNING)
+    async with gateway(answer) as (gw, _), beside(gw):
+        r = await in_thread(_call, gw.url, hostile_request())
+    assert r.status_code == 502, r.text
+    assert status.decode().lstrip("0") in r.json()["error"]["message"]
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], caplog.text
+
+
 def _drip(sock: socket.socket, head: bytes, body: bytes) -> None:
     sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
     sock.sendall(b'data: {"id":"x","choices":[{"text":"a"}]}\n\n')

@@ -169,7 +169,9 @@ class Connection:
         status = parser.get_status_code()
         if self._extra:
             return
-        if 100 <= status < 200:
+        if not 100 <= status < 600:  # httptools takes any three digits
+            raise _Refused(f"sent status {status}, outside HTTP's 100-599")
+        if status < 200:
             self._interim = True
             self._interims += 1
             if self._interims > _MAX_INTERIM:
