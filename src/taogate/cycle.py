@@ -320,6 +320,12 @@ class Cycle:
                 self.transport.write(head)
 
     def _close(self) -> None:
+        """The response is left unfinished: the connection ends. With bytes still waiting for the
+        client (it stopped reading), a close would wait for it to read them, for ever: aborted."""
+        if self.transport.get_write_buffer_size():
+            self._head = None
+            self.transport.abort()
+            return
         self._flush()
         protocol = self._protocol
         if protocol is not None:

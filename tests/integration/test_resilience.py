@@ -10,6 +10,7 @@ import random
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,6 +55,12 @@ def assert_nothing_leaked(gw: Running) -> None:
     for inst in gw.gateway.fleet:
         assert (inst.inflight, inst.prefilling, inst.prefill_tokens) == (0, 0, 0), inst.name
     assert gw.gateway.dispatcher.queued == 0
+
+
+def _established_at(port: int) -> int:
+    """Established loopback TCP connections whose local port is ``port``: a server's ends."""
+    rows = (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+    return sum(1 for row in rows if int(row[1].rsplit(":", 1)[1], 16) == port and row[3] == "01")
 
 
 async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
@@ -169,6 +176,9 @@ async def test_a_client_that_stops_reading_is_dropped_and_frees_its_slot(
             text = generate_latest(gw.gateway.registry).decode()
             assert "taogate_client_disconnects_total 1.0" in text
             await wait_for(lambda: any("client dropped" in r.getMessage() for r in caplog.records))
+            # The gateway's end of the connection is gone too, not left open behind what the client
+            # never read (a close waits for it to be read: such connections filled the cap).
+            await wait_for(lambda: _established_at(port) == 0)
         finally:
             sock.close()
         assert_nothing_leaked(gw)

@@ -37,6 +37,9 @@ class _Wire:
     def close(self) -> None:
         self.closed = True
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write taken at once
+
     def pause_reading(self) -> None:
         self.paused = True
 
