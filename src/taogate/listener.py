@@ -201,8 +201,16 @@ class LimitedProtocol(HttpToolsProtocol):
             "method": METHODS.get(method) or method.decode("ascii"),
         }
         self.scope = scope  # type: ignore[assignment]
-        if parser.should_upgrade() and self._should_upgrade():
-            return
+        if parser.should_upgrade():
+            if self._should_upgrade():
+                return
+            if _has_body(self.headers):  # httptools would take the body for the new protocol's
+                raise Reject(
+                    400,
+                    "upgrade_with_body",
+                    "This server does not switch protocols, and a request asking to may carry no "
+                    "body here: send it without the Upgrade header.",
+                )
         if url[:1] == b"/" and b"#" not in url:  # origin-form: request_target's fast way
             raw_path, _, query = url.partition(b"?")
         else:
@@ -373,6 +381,14 @@ class LimitedProtocol(HttpToolsProtocol):
             self.transport.abort()
         else:
             self._timer = self.loop.call_at(due, self._lingered)
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request head announces a body (a length above 0, or a transfer coding)."""
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b" \t0")):
+            return True
+    return False
 
 
 def protocol_class(limits: ListenerLimits) -> type[LimitedProtocol]:

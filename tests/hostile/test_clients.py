@@ -6,6 +6,7 @@ redirects, hop-by-hop headers and trailers. Each attack runs beside a normal cli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
@@ -94,6 +95,35 @@ async def test_head_limits_answer_431_and_414_in_the_openai_shape() -> None:
         assert (status, error["code"]) == (414, "uri_too_long")
         status, _, error = _error(await in_thread(_ask, gw, b"GARBAGE\r\n\r\n"))
         assert (status, error["code"]) == (400, "invalid_http_request")
+
+
+def _upgrade_then(gw: Any, body: bytes) -> bytes:
+    """A request asking to switch protocols whose body is itself a request, the rest later."""
+    smuggled = b"GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n"
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: upgrade\r\n"
+        b"content-length: %d\r\n\r\n" % (len(body) + len(smuggled))
+    )
+    with connect(gw) as sock:
+        sock.sendall(head + body)
+        time.sleep(0.2)
+        with contextlib.suppress(OSError):  # refused and closed already
+            sock.sendall(smuggled)
+        return read_all(sock)
+
+
+async def test_an_upgrade_request_s_body_is_never_read_as_another_request() -> None:
+    """httptools hands what follows an Upgrade request's head to the new protocol: a body there
+    would be dropped, or parsed as a request of its own. Such a request is refused; one without a
+    body is served as HTTP/1.1 (a server may ignore Upgrade)."""
+    async with gateway() as (gw, _), beside(gw):
+        for body in (b"", b"ab"):
+            answer = await in_thread(_upgrade_then, gw, body)
+            status, headers, error = _error(answer)
+            assert (status, error["code"], headers["connection"]) == (400, "upgrade_with_body", ["close"])
+            assert answer.count(b"HTTP/1.1 ") == 1, answer
+        plain = b"GET /health HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nconnection: upgrade, close\r\n\r\n"
+        assert status_of(await in_thread(_ask, gw, plain)) == 200
 
 
 def _timed(fn: Any, *args: Any) -> tuple[float, Any]:
