@@ -53,6 +53,7 @@ class LimitedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cycle: Cycle | None = None  # type: ignore[assignment]
+        self._serving: Cycle | None = None  # the one running, older than ``cycle`` when pipelined
         self.pipeline: deque[tuple[Cycle, ASGIApp]] = deque()  # type: ignore[assignment]
         self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
         self._fresh_context = self.config.reset_contextvars
@@ -96,9 +97,9 @@ class LimitedProtocol(HttpToolsProtocol):
         self._census.lingering.pop(self, None)
         self.connections.discard(self)
         self.pipeline.clear()  # queued cycles hold this protocol
-        cycle = self.cycle
-        if cycle is not None:
-            cycle.on_lost()
+        for cycle in {self._serving, self.cycle}:  # a pipelined one's client is gone too
+            if cycle is not None:
+                cycle.on_lost()
         if self.flow is not None:
             self.flow.resume_writing()
         if exc is None:
@@ -239,6 +240,7 @@ class LimitedProtocol(HttpToolsProtocol):
     def _run(self, cycle: Cycle, app: ASGIApp) -> None:
         """A task per request (a pipelined one waits its turn); in ``tasks`` until it is done, so
         uvicorn's graceful shutdown waits for it."""
+        self._serving = cycle
         if self._fresh_context:  # uvicorn's opt-in: no context leaks from the lifespan
             task = self.loop.create_task(cycle.run(app, self.tasks), context=contextvars.Context())
         else:

@@ -262,3 +262,32 @@ async def test_pipelined_chunked_continued_head_and_http10_requests_are_answered
         writer.write(b"gh")
         assert (await asyncio.wait_for(reader.readuntil(b"POST /f? gh"), 5.0)).startswith(b"HTTP/1.1 200 OK")
         writer.close()
+
+
+async def test_a_client_gone_while_a_pipelined_request_waits_is_told_to_the_one_being_served() -> None:
+    """The connection's newest cycle is the queued one: the one being served must hear of the
+    disconnect too, or a stream for a client long gone runs to its end."""
+    told: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()  # the (empty) body
+        async with asyncio.timeout(5):
+            told.append((await receive())["type"])  # what a disconnect watch waits for
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    options = {"http": protocol_class(ListenerLimits()), "ws": "none", "server_header": False}
+    async with serve_asgi(app, **options) as served:
+        _, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        one = b"POST /a HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n"
+        writer.write(one + one.replace(b"/a", b"/b"))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        for _ in range(40):
+            if told:
+                break
+            await asyncio.sleep(0.05)
+    assert told == ["http.disconnect"]
