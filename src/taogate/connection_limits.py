@@ -30,6 +30,7 @@ class ListenerLimits:
     max_url_bytes: int = 8 * 1024
     header_timeout: float = 10.0
     max_connections: int = 4096
+    write_stall: float | None = None  # seconds a write may wait for a client that reads nothing
 
 
 class Reject(Exception):

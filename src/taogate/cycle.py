@@ -64,6 +64,10 @@ class Connection(Protocol):
     server_state: Any  # uvicorn's ServerState: ``default_headers``
     loop: asyncio.AbstractEventLoop
 
+    @property
+    def write_stall(self) -> float | None:
+        """Seconds a write may wait for a client that reads nothing before it is dropped."""
+
     def close_after_response(self) -> None:
         """The connection is not kept: end it after this response (lingering while the body comes)."""
 
@@ -216,7 +220,7 @@ class Cycle:
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
         if self.flow.write_paused and not self.disconnected:
-            await self.flow.drain()
+            await self._drained()
         if self.disconnected:
             return
         kind = message["type"]
@@ -232,6 +236,17 @@ class Cycle:
             self._body(message.get("body", b""), message.get("more_body", False))
         else:
             raise RuntimeError(f"Unexpected ASGI message {kind!r} sent, after the response completed.")
+
+    async def _drained(self) -> None:
+        """Until the client has taken what is buffered. One that takes nothing for the listener's
+        ``write_stall`` is dropped: the connection aborted, the app told it is gone."""
+        protocol = self._protocol
+        try:
+            async with asyncio.timeout(protocol.write_stall if protocol is not None else None):
+                await self.flow.drain()
+        except TimeoutError:
+            self.disconnected = True
+            self.transport.abort()
 
     # -- the response --------------------------------------------------------------------------
     def _start(self, status: int, headers: Any) -> None:

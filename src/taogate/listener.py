@@ -54,6 +54,7 @@ class LimitedProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.cycle: Cycle | None = None  # type: ignore[assignment]
         self._serving: Cycle | None = None  # the one running, older than ``cycle`` when pipelined
+        self.write_stall = self._census.limits.write_stall
         self.pipeline: deque[tuple[Cycle, ASGIApp]] = deque()  # type: ignore[assignment]
         self._asgi = {"version": self.asgi_version, "spec_version": "2.3"}
         self._fresh_context = self.config.reset_contextvars

@@ -66,6 +66,9 @@ def gateway_server_options(cfg: GatewaySettings, upstream: int) -> dict[str, Any
         max_url_bytes=cfg.max_url_bytes,
         header_timeout=cfg.header_timeout,
         max_connections=connections,
+        # A backstop for the writes outside a stream's relay (a whole answer, a stream's head),
+        # which drops a stalled client itself at 1x and says so.
+        write_stall=2 * cfg.client_stall_timeout,
     )
     return {
         "http": protocol_class(limits),

@@ -67,7 +67,8 @@ class GatewaySettings(Section):
         default=60.0,
         gt=0,
         description="Seconds a streaming client may read nothing before the gateway gives up on it "
-        "(the instance request is aborted and its slot freed).",
+        "(the instance request is aborted and its slot freed); any other write to a client waits "
+        "twice this before the connection is dropped (the listener's, read at start).",
     )
     max_connections: int | None = Field(
         default=None,

@@ -187,6 +187,33 @@ async def test_a_client_that_stops_reading_is_dropped_and_frees_its_slot(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
+async def test_a_client_that_pipelines_whole_answers_and_reads_none_is_dropped(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """A whole answer's write has no stream relay to watch it: once the buffers are full, the
+    next answer's write would wait for ever, its slot held. The listener drops the client."""
+    async with gateway_factory(fleet(1, instant=True), gateway={"client_stall_timeout": 0.3}) as gw:
+        port = int(gw.url.rsplit(":", 1)[1])
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        payload = json.dumps(body(1, False, 30_000)).encode()
+        one = (
+            f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        try:
+            await loop.sock_sendall(sock, one * 20)  # ... and never read
+            await wait_for(lambda: gw.gateway.fleet.get("i0").inflight == 1)
+            await wait_for(lambda: _established_at(port) == 0, seconds=20)
+            await wait_for(lambda: gw.gateway.fleet.get("i0").inflight == 0)
+        finally:
+            sock.close()
+        assert_nothing_leaked(gw)
+
+
 async def test_randomized_disconnects_and_timeouts_leak_nothing(gateway_factory: GatewayFactory) -> None:
     rng = random.Random(7)
     async with gateway_factory(fleet(3), dispatch={"max_queue_per_instance": 4, "queue_size": 1000}) as gw:

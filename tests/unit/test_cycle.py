@@ -56,6 +56,7 @@ class _Protocol:
         self.server_state = SimpleNamespace(default_headers=[(b"date", b"Thu, 03 Dec 2026 06:00:00 GMT")])
         self.loop = loop
         self.completed = 0
+        self.write_stall: float | None = None
 
     def close_after_response(self) -> None:
         self.transport.close()
