@@ -327,3 +327,30 @@ async def test_a_failed_store_is_tried_by_one_request_a_second_not_by_all() -> N
         assert store.calls == 2
     finally:
         await store.aclose()
+
+
+async def test_a_burst_while_the_store_hangs_stays_within_the_key_s_concurrency(
+    redis_server: RedisServer,
+) -> None:
+    """The requests of a burst each wait on a hung store (then fail open): this replica's own
+    count of the key's requests in flight still holds them to ``max_concurrency``."""
+    team = Tenant("team", requests_per_minute=100, max_concurrency=2)
+    table = KeyTable(Tenant("unified"), {b"t" * 32: team})
+    store = RedisStore(redis_server.url, timeout=0.2)
+    limits = LimitsSettings(store=redis_server.url, store_timeout=0.2)
+    limiter = Limiter(table, limits, clock=time.monotonic, fair=FairShare(), store=store)
+    try:
+        await limiter.check(team, None, 1)  # the store answers: one in flight
+        redis_server.pause(True)
+        try:
+            tries = await asyncio.gather(
+                *(limiter.check(team, None, 1) for _ in range(10)), return_exceptions=True
+            )
+        finally:
+            redis_server.pause(False)
+        admitted = [t for t in tries if not isinstance(t, BaseException)]
+        assert len(admitted) == 1, tries  # the second slot; the other nine refused
+        assert limiter.stats["team"].in_flight == 2
+    finally:
+        await limiter.aclose()
+        await store.aclose()

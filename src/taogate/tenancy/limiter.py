@@ -188,7 +188,12 @@ class Limiter:
         admission = self._admissible(tenant, model)
         shared = self.store is not None and tenant.max_concurrency is not None
         if tenant.rate_limited or shared:
-            await self._count(admission, cost, shared)
+            stats = admission.stats
+            stats.in_flight += 1  # held while the store is asked: a burst cannot all pass the check
+            try:
+                await self._count(admission, cost, shared)
+            finally:
+                stats.in_flight -= 1
         return _admitted(admission)
 
     async def _count(self, admission: Admission, cost: int, shared: bool) -> None:
