@@ -170,6 +170,18 @@ async def test_concurrency_is_a_lease_released_exactly_once() -> None:
     limiter.finish(again, 1, 1, served=True)
 
 
+async def test_a_key_revoked_and_added_back_while_its_request_runs_still_counts_it() -> None:
+    team = Tenant("team", max_concurrency=1)
+    limiter = limiter_for(team, clock=Clock())
+    held = await limiter.check(team, None, 1)
+    assert limiter.configure(KeyTable(Tenant("unified"), {}), LimitsSettings()) == ["team"]
+    limiter.configure(KeyTable(Tenant("unified"), {b"t" * 32: team}), LimitsSettings())
+    with pytest.raises(RateLimited, match="in flight"):
+        await limiter.check(team, None, 1)
+    limiter.finish(held, None, None, served=True)
+    assert limiter.stats["team"].in_flight == 0
+
+
 async def test_a_model_outside_the_allow_list_is_openai_s_model_not_found() -> None:
     team = Tenant("team", models=frozenset({"small"}))
     limiter = limiter_for(team, clock=Clock())

@@ -127,6 +127,7 @@ class Limiter:
         self._retry_at = 0.0
         self._restore = False  # the next renewal adds back the leases the store lost
         self.stats: dict[str, KeyStats] = {t.name: KeyStats() for t in table}
+        self._leaving: dict[str, KeyStats] = {}  # revoked keys' with requests still in flight
         self._pending: set[asyncio.Task[bool]] = set()  # store calls no request waits for
         # The shared max_concurrency's leases this replica holds, by key: renewed until left.
         self._replica = os.urandom(6).hex()
@@ -134,14 +135,17 @@ class Limiter:
         self._held: dict[str, set[str]] = {}
 
     def configure(self, table: KeyTable, limits: LimitsSettings) -> list[str]:
-        """A reloaded key table; returns the names that went (their tallies go with them)."""
+        """A reloaded key table; returns the names that went (their tallies go with them, but for
+        one added back while its requests still run)."""
         self.table, self.limits = table, limits
         names = set(table.names())
         gone = [n for n in self.stats if n not in names]
         for name in gone:
-            del self.stats[name]
+            self._leaving[name] = self.stats.pop(name)
         for name in names:
-            self.stats.setdefault(name, KeyStats())
+            if name not in self.stats:  # a key added back while its requests run still counts them
+                self.stats[name] = self._leaving.pop(name) if name in self._leaving else KeyStats()
+        self._leaving = {n: s for n, s in self._leaving.items() if s.in_flight > 0}
         self.local.forget(names)
         return gone
 
