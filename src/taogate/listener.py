@@ -116,6 +116,7 @@ class LimitedProtocol(HttpToolsProtocol):
             if self._discarded > self._linger_bytes:
                 self.transport.abort()
             return
+        idle = self._idle_since
         self._idle_since = None  # the keep-alive timer, if armed, lets the connection be
         self._saw_bytes = True
         self._progress = False
@@ -137,8 +138,11 @@ class LimitedProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
-        if self._head_started and self._timer is None:
-            self._arm()  # a head left unfinished by this read, on a kept-alive connection
+        if self._head_started:
+            if self._timer is None:
+                self._arm()  # a head left unfinished by this read, on a kept-alive connection
+        elif idle is not None and (self.cycle is None or self.cycle.response_complete):
+            self._still_idle(idle)  # bytes that begin no request: a stray line end, a body's rest
         if self._progress:
             self._stalled = 0
             return
@@ -295,6 +299,12 @@ class LimitedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_handler()
         else:
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+
+    def _still_idle(self, since: float) -> None:
+        """The keep-alive wait that began at ``since`` goes on (its timer armed again if it let go)."""
+        self._idle_since = since
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_at(since + self._keep_alive, self._keep_alive_due)
 
     def _unsupported_upgrade_warning(self) -> None:
         self._census.warn("upgrade", "a client asked to upgrade the connection; it stays HTTP/1.1")

@@ -145,11 +145,11 @@ def _slow_head(gw: Any) -> tuple[float, bytes]:
         return time.perf_counter() - t, answer
 
 
-def _one_byte_after_a_response(gw: Any) -> tuple[float, bytes]:
+def _one_byte_after_a_response(gw: Any, byte: bytes = b"G") -> tuple[float, bytes]:
     with connect(gw) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
         assert status_of(sock.recv(65536)) == 200
-        sock.sendall(b"G")
+        sock.sendall(byte)
         return _timed(read_all, sock)
 
 
@@ -163,6 +163,10 @@ async def test_silent_and_slow_connections_time_out() -> None:
         assert took < 2.0
         took, answer = await in_thread(_one_byte_after_a_response, gw)
         assert status_of(answer) == 408 and took < 2.0
+    # A line end between requests begins none: the keep-alive wait goes on, and ends the connection.
+    async with gateway(gateway={"header_timeout": 0.5, "keepalive_timeout": 0.5}) as (gw, _), beside(gw):
+        took, answer = await in_thread(_one_byte_after_a_response, gw, b"\r\n")
+        assert answer == b"" and took < 2.0
 
 
 async def test_past_the_connection_cap_idle_connections_make_room_for_new_clients() -> None:
