@@ -1,8 +1,9 @@
 """Reading ``usage`` from an answer without parsing all of it: the SSE tap and the JSON body probe.
 
 The tap costs a substring search or two per relayed chunk; only events that mention ``"usage"`` are
-parsed. Both are linear in the answer, whatever its shape: every byte is copied at most twice, and
-the probe never rescans what it has scanned.
+parsed. Both are linear in the answer, whatever its shape: every byte is copied a few times at most
+(twice, or four times within an event past the tap's bound), and the probe never rescans what it
+has scanned.
 """
 
 from __future__ import annotations
