@@ -119,7 +119,7 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
         )
 
     async def models(request: Request) -> Response:
-        tenant = gateway.keys.check_request(request.scope["headers"], either=False)
+        tenant = gateway.keys.check_request(request.scope["headers"], either=True)  # both SDKs list
         cards: dict[str, dict[str, Any]] = {}
         for inst in gateway.fleet:
             for mid, card in inst.model_cards.items():

@@ -253,6 +253,8 @@ async def test_the_anthropic_sdk_sends_a_named_key_as_x_api_key_and_meets_its_li
             with pytest.raises(anthropic.RateLimitError) as refused:
                 await client.messages.create(**ask)
             assert int(refused.value.response.headers["retry-after"]) >= 1
+            await wait_until(lambda: all(i.models for i in gw.gateway.fleet), what="models learned")
+            assert [m.id async for m in client.models.list()] == [MODEL]  # its key as x-api-key
 
 
 async def test_a_key_s_limits_are_not_talked_out_of() -> None:
