@@ -68,6 +68,12 @@ async def test_a_wildcard_publisher_is_reached_on_the_instance_host_and_bad_batc
         await wait_until(lambda: len(index) == 1, what="later batches still applied")
         assert inst.cache.index is index and len(subscriber) == 1
         assert sum("degraded, unreadable batch" in r.getMessage() for r in caplog.records) == 1
+        # A malformed batch after a gap: its number is looked at first, then its events.
+        publisher._seq += 5
+        publisher.publish([{"type": "BlockStored", "block_hashes": 5, "block_size": 16}])
+        publisher.publish([_block(2)])
+        await wait_until(lambda: index.cached_run(HASHES[2:3]) == 1, what="batches after it applied")
+        assert inst.cache.index is index and len(subscriber) == 1
     finally:
         await subscriber.stop()
         await publisher.aclose()

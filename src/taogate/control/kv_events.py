@@ -295,7 +295,7 @@ class KvEventsSubscriber:
         if outcome == "restart" and not index.trusted and replay:  # its first batches were missed
             index.start_over("restart_missed", index.trust.detail)
             if not await self.replays.ask_whole(inst, index):
-                index.apply(seq, events, ts)
+                _apply_anew(index, seq, events, ts)
             return
         if outcome != "gap":
             return
@@ -310,7 +310,16 @@ class KvEventsSubscriber:
         else:
             why = "the engine's replay no longer has them" if replay else "kv_events_replay is not set"
         index.start_over("gap", f"batches {missing}..{seq - 1} lost ({why})")
-        index.apply(seq, events, ts)
+        _apply_anew(index, seq, events, ts)
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _apply_anew(index: KvIndex, seq: int, events: list[Any], ts: float | None) -> None:
+    """The batch that made ``index`` start over, applied to it: one it cannot read (only its
+    number was looked at so far) starts it over again, and the subscription goes on."""
+    try:
+        index.apply(seq, events, ts)
+    except Exception as exc:
+        index.start_over("unreadable", f"batch {seq} could not be read ({exc!r})")
