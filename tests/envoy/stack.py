@@ -49,11 +49,13 @@ def fleet(log: Path, count: int, args: Sequence[str] = ()) -> AbstractAsyncConte
     return launch(cmd, name="emulators", log=log, ready_prefix="emulator ready ", ready_count=count)
 
 
-def write_config(path: Path, urls: Sequence[str], extra: str = "") -> None:
+def write_config(
+    path: Path, urls: Sequence[str], extra: str = "", *, base_url: str = "http://127.0.0.1:8080"
+) -> None:
     instances = "".join(f'\n[[instances]]\nurl = "{u}"\nname = "emu{i}"\n' for i, u in enumerate(urls))
     path.write_text(
         "[gateway]\n"
-        'base_url = "http://127.0.0.1:8080"\n'
+        f'base_url = "{base_url}"\n'
         'api_key_env = "TAOTOKEN_API_KEY"\n'
         "request_timeout = 30\n"
         "shutdown_timeout = 2\n"

@@ -187,6 +187,27 @@ async def test_an_envoy_set_up_for_llm_d_routes_by_the_pick_not_by_the_client(en
     await _idle(envoy_stack)
 
 
+async def test_a_base_url_path_is_taken_off_before_the_instance_as_serve_does(envoy_stack: Stack) -> None:
+    """With ``base_url`` under a path, clients call ``/api/v1/...``; the instance serves ``/v1/...``:
+    the pick sets the path it forwards, or vLLM would answer 404."""
+    config = envoy_stack.workdir / "prefixed.toml"
+    stack.write_config(config, envoy_stack.fleet.urls, base_url="http://127.0.0.1:8080/api")
+    async with stack.picker(envoy_stack.workdir, config, name="picker-prefixed") as picker:
+        doc = stack.bootstrap(free_port(), free_port(), [picker.port])
+        async with (
+            stack.envoy(envoy_stack.workdir, doc, name="envoy-prefixed") as envoy,
+            openai.AsyncOpenAI(
+                base_url=envoy.url + "/api/v1", api_key=KEY, max_retries=0, timeout=10
+            ) as client,
+        ):
+            raw = await client.completions.with_raw_response.create(model=MODEL, prompt="hi", max_tokens=2)
+            chat = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+    assert raw.status_code == 200 and raw.headers["x-taogate-instance"].startswith("emu")
+    assert chat.choices[0].message.content is not None
+
+
 async def test_client_that_hangs_up_gives_its_lease_back(envoy_stack: Stack) -> None:
     async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
         body = {

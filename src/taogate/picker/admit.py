@@ -197,10 +197,14 @@ class Admission:
         try:
             spec = lease.instance.spec
             up_headers, up_body = forward.to(spec)
-            basic = origin_of(spec.url).basic_auth  # the URL's credentials, sent as h1 sends them under serve
+            origin = origin_of(spec.url)
+            basic = origin.basic_auth  # the URL's credentials, sent as h1 sends them under serve
             if basic is not None and not any(k == b"authorization" for k, _ in up_headers):
                 up_headers = [*up_headers, (b"authorization", basic)]
             set_headers, remove = header_changes(plain, up_headers)
+            target = origin.path + forward.path  # as serve sends it: less the gateway's prefix
+            if target != path.encode("latin-1"):
+                set_headers.append((b":path", target))
             sent = up_body if isinstance(up_body, bytes) else body  # a multipart upload goes as it came
             now = gw.clock()
         except BaseException:
