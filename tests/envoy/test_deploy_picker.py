@@ -75,6 +75,11 @@ def test_pool_picker_and_service_agree_with_the_base() -> None:
         "readiness",
         "liveness",
     }
+    # Picking goes on while the gateway in front stops sending streams, then they get the drain.
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain = tomllib.loads(cm["data"]["config.toml"])["gateway"]["shutdown_timeout"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > drain + float(pre_stop[1])
     account = m[f"ServiceAccount/{pod['spec']['serviceAccountName']}"]
     assert account["automountServiceAccountToken"] is False
     assert pod["spec"]["automountServiceAccountToken"] is False
