@@ -208,6 +208,28 @@ async def test_a_base_url_path_is_taken_off_before_the_instance_as_serve_does(en
     assert chat.choices[0].message.content is not None
 
 
+async def test_an_envoy_sending_bodies_buffered_gets_a_clear_500_not_a_hang(envoy_stack: Stack) -> None:
+    """The picker reads the body to pick; in BUFFERED mode Envoy waits for the headers' answer
+    before it sends the body: without the announced mode looked at, both sides wait."""
+    mode = {
+        "request_header_mode": "SEND",
+        "response_header_mode": "SEND",
+        "request_body_mode": "BUFFERED",
+        "response_body_mode": "NONE",
+    }
+    doc = stack.bootstrap(free_port(), free_port(), [envoy_stack.picker.port], processing_mode=mode)
+    async with (
+        stack.envoy(envoy_stack.workdir, doc, name="envoy-buffered") as envoy,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        r = await http.post(envoy.api_base + "/completions", json=body, headers=_auth())
+    assert r.status_code == 500, r.text
+    error = r.json()["error"]
+    assert error["code"] == "picker_body_mode" and "FULL_DUPLEX_STREAMED" in error["message"]
+    await _idle(envoy_stack)
+
+
 async def test_client_that_hangs_up_gives_its_lease_back(envoy_stack: Stack) -> None:
     async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
         body = {

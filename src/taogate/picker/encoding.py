@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
@@ -23,6 +24,7 @@ __all__ = [
     "Headers",
     "body_chunks",
     "body_echo",
+    "body_mode_problem",
     "decode_headers",
     "headers_answer",
     "immediate",
@@ -37,6 +39,7 @@ CHUNK = 62_000
 
 Headers = list[tuple[bytes, bytes]]
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
 def decode_headers(message: Any) -> Headers:
@@ -58,6 +61,19 @@ def _mutation(set_headers: Iterable[tuple[bytes, bytes]], remove: Iterable[bytes
         ],
         remove_headers=[k.decode("latin-1") for k in remove],
     )
+
+
+def body_mode_problem(message: Any) -> str | None:
+    """The request body mode the gateway in front announced on the stream's first message when it is
+    not full-duplex (the picker reads the body to pick and hands it back as it streams: in another
+    mode the gateway waits for the headers' answer the picker keeps until the body), else None
+    (also when nothing was announced)."""
+    if not message.HasField("protocol_config"):
+        return None
+    mode = message.protocol_config.request_body_mode
+    if mode == _FULL_DUPLEX:
+        return None
+    return str(processing_mode_pb2.ProcessingMode.BodySendMode.Name(mode))
 
 
 def pick_answer(endpoints: Sequence[str], set_headers: Headers, remove: Sequence[bytes]) -> Any:

@@ -16,6 +16,7 @@ Refusals (401, 404, 413, 429, 503...) are immediate responses in the route's err
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -152,6 +153,18 @@ class _Stream:
             return [self._refuse(exc)]
         if message.request_headers.end_of_stream:
             return await self._pick(b"", end=True, streamed=False)
+        mode = encoding.body_mode_problem(message)
+        if mode is not None:  # the gateway would wait for this answer, the picker for the body
+            _misconfigured(mode)
+            return [
+                self._refuse(
+                    GatewayError(
+                        f"The gateway in front sends request bodies as {mode}; its endpoint picker "
+                        "needs FULL_DUPLEX_STREAMED (ext_proc processing_mode.request_body_mode).",
+                        code="picker_body_mode",
+                    )
+                )
+            ]
         return []
 
     async def _request_body(self, chunk: bytes, end: bool, *, trailers: bool = False) -> list[Any]:
@@ -234,3 +247,13 @@ def _pass(message: Any, kind: str | None) -> list[Any]:
     if kind == "response_trailers":
         return [encoding.trailers_answer(response=True)]
     return []
+
+
+@functools.cache
+def _misconfigured(mode: str) -> None:
+    """Said once per mode: every request the gateway in front sends that way is refused."""
+    log.error(
+        "the gateway in front sends request bodies as %s: every request with a body is refused "
+        "(500) until its ext_proc processing_mode.request_body_mode is FULL_DUPLEX_STREAMED",
+        mode,
+    )
