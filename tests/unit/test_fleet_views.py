@@ -342,3 +342,29 @@ def test_an_instance_removed_and_listed_again_while_busy_keeps_its_cap() -> None
         assert h is not None
         h[0].release()
     assert fleet.all_inflight() == 0
+
+
+def test_an_instance_pointed_at_another_url_by_reload_starts_afresh() -> None:
+    """A name that now names another server keeps nothing of the old one's: its health is probed
+    again, its speed learned again; the old one's request finishes where it runs."""
+    settings = _settings(2, 1.0, True, names=("a",))
+    speeds = SpeedEstimator()
+    fleet = Fleet(settings, speeds)
+    fleet.apply(settings, specs_from_settings(settings, {}))
+    d = Dispatcher(fleet, make_policy("least_busy"), queue_size=4, queue_timeout=1.0, clock=lambda: 1.0)
+    old = fleet.get("a")
+    old.health.record(True, 0.0)
+    for _ in range(4):
+        speeds.observe_first_token("a", ttft=4.0, ahead_tokens=0, uncached_tokens=4096, prompt_tokens=4096)
+    held = d.try_acquire(RequestFacts(model=None, prompt_tokens=10, long=False))
+    assert held is not None
+    moved = settings.model_copy(
+        update={"instances": [settings.instances[0].model_copy(update={"url": "http://127.0.0.1:9999"})]}
+    )
+    added, removed, changed = fleet.apply(moved, specs_from_settings(moved, {}))
+    assert (added, removed, changed) == ([], [], ["a"])
+    new = fleet.get("a")
+    assert new is not old and old.retired and not new.up and new.inflight == 0
+    assert speeds.samples("a") == 0
+    held[0].release()
+    assert fleet.all_inflight() == 0

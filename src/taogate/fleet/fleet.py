@@ -108,9 +108,14 @@ class Fleet:
         new: dict[str, Instance] = {}
         for spec in specs:
             old = self._instances.get(spec.name)
+            if old is not None and old.spec.url != spec.url:  # another server under the old name
+                self._retire(old)  # nothing it learned, no health or cache, holds for the new one
+                changed.append(spec.name)
+                new[spec.name] = self._new_instance(spec)
+                continue
             if old is None:
                 added.append(spec.name)
-                old = self._revived(spec.name)
+                old = self._revived(spec)
                 if old is None:
                     new[spec.name] = self._new_instance(spec)
                     continue
@@ -128,11 +133,7 @@ class Fleet:
             new[spec.name] = old
         removed = [n for n in self._instances if n not in new]
         for name in removed:
-            inst = self._instances[name]
-            inst.draining = inst.retired = True
-            if inst.inflight:
-                self._retired.append(inst)
-            self.speeds.forget(name)
+            self._retire(self._instances[name])
         self._instances = new
         for inst in new.values():  # the config's rules, the spec: each view is rebuilt
             inst._changed()
@@ -142,14 +143,21 @@ class Fleet:
         self._retired = [i for i in self._retired if i.inflight > 0]
         return added, removed, changed
 
-    def _revived(self, name: str) -> Instance | None:
-        """A removed instance listed again while its requests still run (a pod back in DNS): the
-        same object, so its cap counts them, and its breaker and health carry over."""
+    def _retire(self, inst: Instance) -> None:
+        """Out of the fleet: no new work, its speed forgotten; kept while its leases finish."""
+        inst.draining = inst.retired = True
+        if inst.inflight:
+            self._retired.append(inst)
+        self.speeds.forget(inst.name)
+
+    def _revived(self, spec: InstanceSpec) -> Instance | None:
+        """A removed instance listed again, at the same URL, while its requests still run (a pod
+        back in DNS): the same object, so its cap counts them, and its breaker and health carry over."""
         for inst in self._retired:
-            if inst.name == name:
+            if inst.name == spec.name and inst.spec.url == spec.url:
                 self._retired.remove(inst)
                 inst.draining = inst.retired = False
-                self.speeds.seed(name, inst.spec.weight)
+                self.speeds.seed(spec.name, inst.spec.weight)
                 return inst
         return None
 
