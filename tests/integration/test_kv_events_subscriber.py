@@ -160,3 +160,21 @@ async def test_kv_events_without_a_tokenizer_subscribe_nothing(caplog: pytest.Lo
     subscriber.sync()
     assert len(subscriber) == 0 and inst.cache.index is None
     assert sum("needs [prefill] tokenizer" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.timeout(20)
+async def test_a_publisher_that_never_connects_is_said_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """An engine bound on another port (or one a firewall keeps out) sends nothing ever: "indexing"
+    alone would hide it."""
+    inst = _instance(f"tcp://*:{free_port()}")  # the engine's form: it binds, nothing listens here
+    subscriber = KvEventsSubscriber([inst])
+    caplog.set_level(logging.INFO, "taogate.health")
+    try:
+        subscriber.sync()
+        await wait_until(
+            lambda: any("no KV-event publisher connected" in r.getMessage() for r in caplog.records),
+            within=10.0,
+            what="the warning",
+        )
+    finally:
+        await subscriber.stop()

@@ -172,6 +172,14 @@ class KvEventsSubscriber:
             log.info("instance %s: indexing KV events from %s", inst.name, endpoint)
             if not await self._peer(zmq, monitor):
                 index.note(f"no publisher connected to {endpoint} within {LIVE_WAIT:g} s")
+                log.warning(
+                    "instance %s: no KV-event publisher connected to %s within %g s (the engine's "
+                    "--kv-events-config endpoint, or a firewall between it and this host?): until "
+                    "one does, the index holds only what a replay or the engine's idle counters said",
+                    inst.name,
+                    endpoint,
+                    LIVE_WAIT,
+                )
             live.set()
             self.replays.begin(inst.name)
             if inst.spec.kv_events_replay:
