@@ -25,6 +25,7 @@ from taogate.observe.history import History
 from taogate.observe.status import gateway_summary, status_rows
 from taogate.proxy.auth import KeyCheck, header
 from taogate.settings import ConfigError, DispatchSettings
+from taogate.tenancy.key_rows import key_rows
 from taogate.tenancy.limiter import Limiter
 
 log = logging.getLogger("taogate.admin")
@@ -55,12 +56,12 @@ def admin_router(
             "queued": dispatcher.queued,
             "gateway": gateway_summary(dispatcher, dispatch(), history),
             "instances": status_rows(fleet, clock()),
-            "keys": limiter.rows(),
+            "keys": key_rows(limiter),
         }
 
     @router.get("/keys")
     async def keys_usage() -> dict[str, Any]:
-        return {"limits": limiter.summary(), "keys": limiter.rows()}
+        return {"limits": limiter.summary(), "keys": key_rows(limiter)}
 
     @router.get("/history")
     async def frames(request: Request) -> dict[str, Any]:

@@ -260,7 +260,7 @@ async def test_the_anthropic_sdk_sends_a_named_key_as_x_api_key_and_meets_its_li
 async def test_a_key_s_limits_are_not_talked_out_of() -> None:
     """A negative output limit would credit a key's token count; a request naming no model would
     reach whichever model an instance serves; a Responses answer's limit must be reserved."""
-    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+    async with run_fleet([EmulatorConfig(seed=0, instant=True)]) as fleet:
         keys = [{**TEAM_A, "tokens_per_minute": 500, "models": [MODEL]}]
         async with keyed_gateway(keyed_settings(fleet.urls, keys)) as gw, AsyncExitStack() as stack:
             await wait_until(lambda: all(i.models for i in gw.gateway.fleet), what="models learned")
@@ -270,7 +270,9 @@ async def test_a_key_s_limits_are_not_talked_out_of() -> None:
             assert negative.value.code == "invalid_request" and "max_tokens" in negative.value.message
             http = await stack.enter_async_context(
                 httpx.AsyncClient(
-                    base_url=gw.url, headers={"authorization": f"Bearer {SECRETS['TEAM_A_KEY']}"}
+                    base_url=gw.url,
+                    headers={"authorization": f"Bearer {SECRETS['TEAM_A_KEY']}"},
+                    timeout=60,
                 )
             )
             for path in ("/tokenize", "/invocations"):  # vLLM would use its own model

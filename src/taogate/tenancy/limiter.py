@@ -30,7 +30,7 @@ from taogate.tenancy.answers import RateLimited, rate_headers, refusal
 from taogate.tenancy.fairshare import FairShare
 from taogate.tenancy.keys import KeyTable, Tenant
 from taogate.tenancy.store import LocalStore, Store
-from taogate.tenancy.window import Counts, used
+from taogate.tenancy.window import Counts
 
 __all__ = ["Admission", "KeyStats", "Limiter", "RateLimited"]
 
@@ -391,40 +391,6 @@ class Limiter:
             self._failed(exc, self._clock())
             return False
         return True
-
-    def rows(self) -> list[dict[str, Any]]:
-        """One row per key: its limits and what it used on this replica (GET /admin/keys)."""
-        out = []
-        window = self.limits.window
-        for t in self.table:
-            stats = self.stats.get(t.name) or KeyStats()
-            last = stats.last
-            recent: dict[str, float] | None = None
-            if last is not None:  # as counted at its latest check (by every replica, with a store)
-                recent = {
-                    "requests": round(used(last.req_prev, last.req_cur, last.frac), 1),
-                    "tokens": round(used(last.tok_prev, last.tok_cur, last.frac), 1),
-                }
-            out.append(
-                {
-                    "name": t.name,
-                    "requests_per_minute": t.requests_per_minute,
-                    "tokens_per_minute": t.tokens_per_minute,
-                    "max_concurrency": t.max_concurrency,
-                    "models": None if t.models is None else sorted(t.models),
-                    "max_priority": t.max_priority,
-                    "weight": t.weight,
-                    "in_flight": stats.in_flight,
-                    "requests": stats.requests,
-                    "prompt_tokens": stats.prompt_tokens,
-                    "completion_tokens": stats.completion_tokens,
-                    "rejections": dict(stats.rejections),
-                    "window_seconds": window,
-                    "window_used": recent,
-                    "fair_share_tokens": round(self.fair.counter(t.name), 1),
-                }
-            )
-        return out
 
     def summary(self) -> dict[str, Any]:
         """Where the limits are counted, and whether that store answers."""
