@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -25,12 +25,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from taogate.admin import admin_router
-from taogate.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized, error_body
+from taogate.errors import ErrorShape, GatewayError, MethodNotAllowed, NotFound, Unauthorized
 from taogate.gateway import Gateway
 from taogate.info import info_router
 from taogate.observe.dashboard import dashboard
 from taogate.observe.exposition import Exposition
-from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route
+from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route, error_shapes
 from taogate.serving import gateway_server_options, serve_asgi
 from taogate.settings import Settings
 
@@ -55,12 +55,12 @@ def unknown_path_message(path: str, prefix: str, base_url: str) -> str:
     )
 
 
-def _error_response(exc: GatewayError) -> Response:
+def _error_response(exc: GatewayError, shape: ErrorShape) -> Response:
     headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
-    return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=headers)
+    return Response(shape.body(exc), status_code=exc.status, media_type="application/json", headers=headers)
 
 
-def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
+def _build_api(gateway: Gateway, prefix: str, errors_at: Callable[[str], ErrorShape]) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
@@ -80,26 +80,29 @@ def _build_api(gateway: Gateway, prefix: str) -> FastAPI:
     )
     api.state.gateway = gateway
 
+    # The errors of the routes FastAPI serves, and of paths no route serves, in the shape of the
+    # API family the path belongs to (the proxied routes render their own).
     @api.exception_handler(GatewayError)
-    async def gateway_error(_: Request, exc: GatewayError) -> Response:
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
         if isinstance(exc, Unauthorized):
             gateway.metrics.rejections.labels("auth").inc()
-        return _error_response(exc)
+        return _error_response(exc, errors_at(request.url.path))
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        path = request.url.path
         if exc.status_code == 404:
             base_url = gateway.settings.gateway.base_url
-            return _error_response(NotFound(unknown_path_message(request.url.path, prefix, base_url)))
-        if exc.status_code == 405:
-            return _error_response(
-                MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+            error: GatewayError = NotFound(unknown_path_message(path, prefix, base_url))
+        elif exc.status_code == 405:
+            error = MethodNotAllowed(f"Method {request.method} is not allowed on {path}.")
+        else:
+            return Response(
+                errors_at(path).refusal(exc.status_code, "invalid_request", str(exc.detail)),
+                status_code=exc.status_code,
+                media_type="application/json",
             )
-        return Response(
-            error_body(str(exc.detail), "invalid_request_error", None),
-            status_code=exc.status_code,
-            media_type="application/json",
-        )
+        return _error_response(error, errors_at(path))
 
     @api.get("/health")
     async def health() -> Response:
@@ -204,8 +207,9 @@ def create_app(
     gateway = Gateway(settings, environ=environ, **gateway_kwargs)
     prefix = settings.gateway.prefix
     routes = route_table(prefix)
-    options = gateway_server_options(settings.gateway, settings.upstream_connections())
-    return TaogateApp(gateway, _build_api(gateway, prefix), routes, options)
+    errors_at = error_shapes(prefix)
+    options = gateway_server_options(settings.gateway, settings.upstream_connections(), errors_at)
+    return TaogateApp(gateway, _build_api(gateway, prefix, errors_at), routes, options)
 
 
 def route_table(prefix: str) -> dict[str, Route]:

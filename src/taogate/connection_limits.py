@@ -1,7 +1,8 @@
 """What one server's client connections may cost, and what they share to keep to it.
 
 ``ListenerLimits`` bounds a request's head (URL, fields, bytes, time) and the number of open
-connections. A head past a bound is refused with a ``Reject`` (its status and error code); the
+connections. A head past a bound is refused with a ``Reject`` (its status and error code), in the
+error shape of the API its path belongs to; the
 connections of one server share a ``ConnectionCensus``: which are idle (oldest first) and which
 are lingering after a refusal, so that a newcomer past the cap can take the place of one of them,
 and the warnings, logged at most every few seconds per kind.
@@ -12,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from taogate.errors import ErrorShape, openai_everywhere
 
 __all__ = ["ConnectionCensus", "ListenerLimits", "Reject", "field_refused", "too_large"]
 
@@ -31,6 +35,7 @@ class ListenerLimits:
     header_timeout: float = 10.0
     max_connections: int = 4096
     write_stall: float | None = None  # seconds a write may wait for a client that reads nothing
+    errors_at: Callable[[str], ErrorShape] = openai_everywhere  # a refusal's shape, by its path
 
 
 class Reject(Exception):

@@ -18,8 +18,8 @@ Upstream 4xx/5xx bodies are relayed unchanged; only errors that taogate decides 
         └── UpstreamTimeout           504     upstream_error          upstream_timeout
 
 Each error knows its status, its OpenAI ``type`` and ``code``, an optional ``Retry-After``, and
-whether the connection must close after it (a body left unread or half read). How a route renders
-them is its ``ErrorShape``: OpenAI's, unless an API family of its own says otherwise.
+whether the connection must close after it (a body left unread or half read). How a path renders
+them is its ``ErrorShape``: OpenAI's, unless the path is under a route of another API family.
 """
 
 from __future__ import annotations
@@ -156,5 +156,14 @@ class ErrorShape:
     def stream_end(self, message: str, code: str) -> bytes:
         return sse_error_event(message, code)
 
+    def refusal(self, status: int, code: str, message: str) -> bytes:
+        """A request refused before any route read it (its head too large or too slow, say)."""
+        return error_body(message, "invalid_request_error", code)
+
 
 OPENAI_ERRORS = ErrorShape()
+
+
+def openai_everywhere(path: str) -> ErrorShape:
+    """The error shape at every path: OpenAI's (a server that serves no other API family)."""
+    return OPENAI_ERRORS

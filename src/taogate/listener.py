@@ -6,7 +6,7 @@ response is done, trailers are merged into the headers, and connections are acce
 process runs out of file descriptors. ``protocol_class(limits)`` returns a subclass that counts the
 bytes fed to the parser, bounds the URL, head and fields, times the head, drops trailers and caps
 the connections (shedding a lingering or the longest-idle one; the limits and the census of
-connections are ``taogate.connection_limits``'s), answering in OpenAI's error shape
+connections are ``taogate.connection_limits``'s), answering in the error shape of the path's API
 with ``connection: close`` (414, 431, 408, 400). A connection closed before its request's body is
 all in lingers a moment, reading and discarding, so the client reads the answer instead of a reset.
 Each request is served by ``taogate.cycle.Cycle`` (uvicorn's cycle, at less cost per request), from
@@ -31,7 +31,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from taogate.connection_limits import ConnectionCensus, ListenerLimits, Reject, field_refused, too_large
 from taogate.cycle import METHODS, ASGIApp, Cycle, request_target
-from taogate.errors import error_body
 
 __all__ = ["LimitedProtocol", "protocol_class"]
 
@@ -348,7 +347,9 @@ class LimitedProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             transport.close()
             return
-        body = error_body(rejection.message, "invalid_request_error", rejection.code)
+        target = b"".join(self._url_parts).partition(b"?")[0]  # this request's, or the last one's
+        shape = self._limits.errors_at(target.decode("latin-1"))
+        body = shape.refusal(rejection.status, rejection.code, rejection.message)
         head = [STATUS_LINE[rejection.status]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]

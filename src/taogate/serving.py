@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from taogate.connection_limits import ListenerLimits
+from taogate.errors import ErrorShape, openai_everywhere
 from taogate.listener import protocol_class
 from taogate.settings import GatewaySettings
 
@@ -47,10 +48,13 @@ def open_file_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def gateway_server_options(cfg: GatewaySettings, upstream: int) -> dict[str, Any]:
+def gateway_server_options(
+    cfg: GatewaySettings, upstream: int, errors_at: Callable[[str], ErrorShape] = openai_everywhere
+) -> dict[str, Any]:
     """uvicorn options for the gateway: its protocol with the client limits of ``cfg``, no upgrades,
     its keep-alive, and nothing of uvicorn's own that the gateway does itself. ``upstream``: the
-    connections to the instances, whose file descriptors the clients' leave room for."""
+    connections to the instances, whose file descriptors the clients' leave room for; ``errors_at``:
+    the error shape of a refusal, by the request's path."""
     fits = open_file_limit() - upstream - _FD_RESERVE
     connections = max(16, min(cfg.max_client_connections, fits))
     if connections < cfg.max_client_connections:
@@ -69,6 +73,7 @@ def gateway_server_options(cfg: GatewaySettings, upstream: int) -> dict[str, Any
         # A backstop for the writes outside a stream's relay (a whole answer, a stream's head),
         # which drops a stalled client itself at 1x and says so.
         write_stall=2 * cfg.client_stall_timeout,
+        errors_at=errors_at,
     )
     return {
         "http": protocol_class(limits),

@@ -82,6 +82,27 @@ async def test_gateway_errors_take_anthropic_s_shape_and_status(gw: Running) -> 
     assert bad.json()["type"] == "error" and bad.json()["error"]["type"] == "invalid_request_error"
 
 
+async def test_errors_outside_the_routes_take_anthropic_s_shape_on_its_paths(gw: Running) -> None:
+    """An unserved path under /v1/messages, a wrong method, a head refused by the listener: each in
+    the shape the Anthropic SDK reads; the same refusal on an OpenAI route stays in OpenAI's."""
+    for base in ("", "/api"):
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            async with client(gw, base) as sdk:
+                await sdk.messages.batches.list()
+        assert missing.value.type == "not_found_error"  # type: ignore[attr-defined]
+        assert "Unknown path" in missing.value.message
+    huge = {"authorization": f"Bearer {KEY}", "x-filler": "a" * 70_000}
+    async with httpx.AsyncClient(timeout=30) as http:
+        wrong = await http.get(gw.url + "/v1/messages", headers={"authorization": f"Bearer {KEY}"})
+        assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
+        assert wrong.json()["type"] == "error"
+        refused = await http.post(gw.url + "/v1/messages?beta=true", json={}, headers=huge)
+        assert refused.status_code == 431 and refused.json()["type"] == "error", refused.text
+        assert "exceeds" in refused.json()["error"]["message"]
+        openai = await http.post(gw.url + "/v1/chat/completions", json={}, headers=huge)
+        assert openai.status_code == 431 and openai.json()["error"]["code"] == "header_too_large"
+
+
 async def test_usage_in_anthropic_fields_reaches_metrics_and_learning(
     gateway_factory: GatewayFactory,
 ) -> None:

@@ -52,6 +52,9 @@ class AnthropicErrors(ErrorShape):
     def stream_end(self, message: str, code: str) -> bytes:
         return b"event: error\ndata: " + _body(message, 502) + b"\n\n"
 
+    def refusal(self, status: int, code: str, message: str) -> bytes:
+        return _body(message, status)
+
 
 ANTHROPIC_ERRORS = AnthropicErrors()
 

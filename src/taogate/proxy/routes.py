@@ -10,7 +10,7 @@ from taogate.errors import OPENAI_ERRORS, ErrorShape
 from taogate.proxy import anthropic, responses, usage
 from taogate.proxy.shapes import batch_view, invocation_view, pooling_view
 
-__all__ = ["RESPONSE_ITEM", "RESPONSE_ITEM_PREFIX", "ROUTES", "Route", "RouteKind"]
+__all__ = ["RESPONSE_ITEM", "RESPONSE_ITEM_PREFIX", "ROUTES", "Route", "RouteKind", "error_shapes"]
 
 RouteKind = Literal[
     "chat",
@@ -118,3 +118,23 @@ RESPONSE_ITEM = Route(
     body="none",
     methods=frozenset({"GET", "POST", "DELETE"}),
 )
+
+
+def error_shapes(prefix: str) -> Callable[[str], ErrorShape]:
+    """How the gateway's own errors look at a path, routed or not: a route's shape at its path and
+    below it (an Anthropic client asking for ``/v1/messages/batches`` reads Anthropic's 404), else
+    OpenAI's. ``prefix``: ``base_url``'s path, under which the routes are served too."""
+    roots = tuple(
+        (base + route.path, route.errors)
+        for route in ROUTES
+        if route.errors is not OPENAI_ERRORS
+        for base in dict.fromkeys(("", prefix))
+    )
+
+    def shape_at(path: str) -> ErrorShape:
+        for root, shape in roots:
+            if path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+                return shape
+        return OPENAI_ERRORS
+
+    return shape_at
