@@ -298,8 +298,7 @@ class Dispatcher:
                         return  # nothing anywhere has room: later waiters cannot do better
                     continue
                 if isinstance(got, Refuse):
-                    waiters.remove(waiter)
-                    waiter.future.set_exception(self._refusal(got, waiter.facts))
+                    self._refuse(waiter, got)
                 else:
                     waiters.granted(waiter)
                     waiter.future.set_result(got)
@@ -318,9 +317,12 @@ class Dispatcher:
                 continue
             got = decide(waiter.facts, views, self._rules.policy, waiter.exclude)
             if isinstance(got, Refuse):
-                self._waiters.remove(waiter)
-                waiter.future.set_exception(self._refusal(got, waiter.facts))
+                self._refuse(waiter, got)
         self.pump()
+
+    def _refuse(self, waiter: _Waiter, refused: Refuse) -> None:
+        self._waiters.remove(waiter)
+        waiter.future.set_exception(self._refusal(refused, waiter.facts))
 
     def fail_all(self, exc: GatewayError) -> None:
         """Shutdown: refuse everyone still waiting."""
