@@ -140,3 +140,30 @@ async def test_the_bodys_own_failure_propagates_and_aborts_the_connection() -> N
         await asyncio.wait_for(got_end.wait(), 5)  # the server saw the connection end
         assert p.open_connections == 0
         await p.aclose()
+
+
+async def test_a_body_failing_after_a_whole_early_answer_does_not_hand_its_connection_on() -> None:
+    """The instance answered in full before the body's source failed: it still waits for the rest
+    of the declared body, so a next request sent on that connection would be read as that body."""
+    answered = asyncio.Event()
+
+    async def answers_early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(OK)
+        await writer.drain()
+        answered.set()
+        while await reader.read(65536):
+            pass
+
+    async def then_fails() -> AsyncIterator[bytes]:
+        yield b"x" * 10
+        await answered.wait()
+        await asyncio.sleep(0.1)  # the whole answer is read meanwhile
+        raise SourceFailed
+
+    async with script(answers_early) as s:
+        p = pool()
+        with pytest.raises(SourceFailed):
+            await p.request(s.origin, b"/v1/up", [(b"content-length", b"100000")], then_fails())
+        assert p.open_connections == 0 and p.idle_connections == 0
+        await p.aclose()

@@ -256,22 +256,24 @@ class Connection:
         transport = self.transport
         assert transport is not None
         whole = False
-        async for chunk in body:
-            if self.closed and not r.headers_done:
-                where = f"{self.origin.host}:{self.origin.port}"
-                raise WriteError(f"{where} closed the connection while the request body was sent")
-            if self.closed or r.complete or r._failure is not None:
-                break
-            if chunk:
-                transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-                if self._writable is not None:
-                    await self._drain()
-        else:
-            whole = True
-            if chunked and not self.closed:
-                transport.write(b"0\r\n\r\n")
-        if not whole:
-            self.reusable = False  # what the instance read of this request is not what it was told
+        try:
+            async for chunk in body:
+                if self.closed and not r.headers_done:
+                    where = f"{self.origin.host}:{self.origin.port}"
+                    raise WriteError(f"{where} closed the connection while the request body was sent")
+                if self.closed or r.complete or r._failure is not None:
+                    break
+                if chunk:
+                    transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    if self._writable is not None:
+                        await self._drain()
+            else:
+                whole = True
+                if chunked and not self.closed:
+                    transport.write(b"0\r\n\r\n")
+        finally:
+            if not whole:  # stopped early or failed: the instance still waits for the rest, and
+                self.reusable = False  # would read the next request on this connection as it
         self.body_sent()
 
     async def _drain(self) -> None:
