@@ -1,4 +1,5 @@
-"""The map of client-chosen Responses ids: bounded in count and bytes, and never rebound."""
+"""The map of client-chosen Responses ids: bounded in count and bytes, and never rebound; and the
+path a stored response is asked for upstream."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taogate.errors import BadRequest
+from taogate.proxy.forward import item_id, upstream_path
 from taogate.proxy.responses import MAX_ID_BYTES, ResponseIds, checked_id
+from taogate.proxy.routes import RESPONSE_ITEM
 
 
 class Clock:
@@ -46,3 +49,15 @@ def test_a_chosen_id_is_bounded_in_bytes() -> None:
         with pytest.raises(BadRequest) as caught:
             checked_id(too_long)
         assert caught.value.code == "invalid_request_id"
+
+
+def test_a_stored_response_s_path_loses_the_gateway_s_prefix_but_never_its_own_v1() -> None:
+    def scope(raw: bytes, query: bytes = b"") -> dict[str, object]:
+        return {"path": raw.decode(), "raw_path": raw, "query_string": query}
+
+    plain = b"/v1/responses/resp_a"
+    for prefix in ("", "/api", "/v1"):  # base_url = http://gw:8080/v1 gives a prefix of /v1
+        assert upstream_path(RESPONSE_ITEM, scope(plain), prefix) == plain, prefix
+    assert upstream_path(RESPONSE_ITEM, scope(b"/v1" + plain), "/v1") == plain
+    cancel = upstream_path(RESPONSE_ITEM, scope(b"/api/v1/responses/resp_a/cancel", b"x=1"), "/api")
+    assert cancel == b"/v1/responses/resp_a/cancel?x=1" and item_id(cancel) == "resp_a"
