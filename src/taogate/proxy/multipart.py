@@ -103,6 +103,17 @@ def _boundary(content_type: bytes | None) -> bytes | None:
     return options.get(b"boundary") if kind == b"multipart/form-data" else None
 
 
+def _form_head(boundary: bytes | None) -> FormHead | None:
+    """The parser of a form's head; None without a boundary, or with one the parser refuses (over
+    its 256 bytes): a malformed form is the instance's to refuse, dispatched without a model."""
+    if not boundary:
+        return None
+    try:
+        return FormHead(boundary)
+    except Exception:
+        return None
+
+
 def too_large(limit: int) -> BodyTooLarge:
     return BodyTooLarge(f"Request body exceeds {limit} bytes ([gateway] max_body_bytes).")
 
@@ -145,8 +156,7 @@ class StreamedBody:
 
     async def read_model(self, content_type: bytes | None) -> str | None:
         """Read the form's head; its ``model`` field if it comes before the first file."""
-        boundary = _boundary(content_type)
-        form = FormHead(boundary) if boundary else None
+        form = _form_head(_boundary(content_type))
         while not self.done and self._size < HEAD_LIMIT:
             chunk = await self._read()
             self._head.append(chunk)
