@@ -366,5 +366,29 @@ def test_an_instance_pointed_at_another_url_by_reload_starts_afresh() -> None:
     new = fleet.get("a")
     assert new is not old and old.retired and not new.up and new.inflight == 0
     assert speeds.samples("a") == 0
+    # Pointed back while its request still runs there: the old instance again, its cap counting it.
+    added, removed, changed = fleet.apply(settings, specs_from_settings(settings, {}))
+    assert (added, removed, changed) == ([], [], ["a"])
+    assert fleet.get("a") is old and not old.retired and old.inflight == 1 and old.up
     held[0].release()
     assert fleet.all_inflight() == 0
+
+
+def test_an_instance_moved_to_or_from_the_overflow_channel_is_probed_or_assumed_up_anew() -> None:
+    """The overflow channel is never probed and assumed up; a fleet member is probed. The same
+    server moved from one to the other by reload is a new instance of its kind."""
+    members = _settings(2, 1.0, True, names=("a", "hosted"))
+    overflow = members.model_copy(
+        update={"instances": members.instances[:1], "overflow": members.instances[1]}
+    )
+    fleet = Fleet(overflow, SpeedEstimator())
+    fleet.apply(overflow, specs_from_settings(overflow, {}))
+    assert fleet.get("hosted").up
+    fleet.apply(members, specs_from_settings(members, {}))
+    member = fleet.get("hosted")
+    assert not member.spec.overflow and not member.up  # probed before it takes work
+    member.health.record(False, 0.0)
+    member.health.record(False, 0.0)
+    member.health.record(False, 0.0)
+    fleet.apply(overflow, specs_from_settings(overflow, {}))
+    assert fleet.get("hosted").spec.overflow and fleet.get("hosted").up

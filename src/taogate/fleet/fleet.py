@@ -108,19 +108,19 @@ class Fleet:
         new: dict[str, Instance] = {}
         for spec in specs:
             old = self._instances.get(spec.name)
-            if old is not None and old.spec.url != spec.url:  # another server under the old name
-                self._retire(old)  # nothing it learned, no health or cache, holds for the new one
-                changed.append(spec.name)
-                new[spec.name] = self._new_instance(spec)
-                continue
-            if old is None:
-                added.append(spec.name)
+            if old is None or not _same_server(old.spec, spec):
+                if old is None:
+                    added.append(spec.name)
+                else:  # another server under the old name: nothing it learned holds for this one
+                    self._retire(old)
+                    changed.append(spec.name)
                 old = self._revived(spec)
                 if old is None:
                     new[spec.name] = self._new_instance(spec)
                     continue
             if old.spec != spec:
-                changed.append(spec.name)
+                if spec.name not in changed:
+                    changed.append(spec.name)
                 if old.spec.weight != spec.weight:  # what it learned stays, priced at the new weight
                     self.speeds.seed(spec.name, spec.weight)
                 old.spec = spec  # live counters and health carry over; cap/role/key take effect now
@@ -151,10 +151,11 @@ class Fleet:
         self.speeds.forget(inst.name)
 
     def _revived(self, spec: InstanceSpec) -> Instance | None:
-        """A removed instance listed again, at the same URL, while its requests still run (a pod
-        back in DNS): the same object, so its cap counts them, and its breaker and health carry over."""
+        """A removed (or re-pointed) instance listed again, at the same URL, while its requests
+        still run (a pod back in DNS): the same object, so its cap counts them, and its breaker and
+        health carry over."""
         for inst in self._retired:
-            if inst.name == spec.name and inst.spec.url == spec.url:
+            if inst.name == spec.name and _same_server(inst.spec, spec):
                 self._retired.remove(inst)
                 inst.draining = inst.retired = False
                 self.speeds.seed(spec.name, inst.spec.weight)
@@ -241,3 +242,9 @@ class Fleet:
 
     def all_inflight(self) -> int:
         return sum(i.inflight for i in self._instances.values()) + sum(i.inflight for i in self._retired)
+
+
+def _same_server(a: InstanceSpec, b: InstanceSpec) -> bool:
+    """Whether two specs of one name are one instance: one server, probed (a fleet member) or
+    assumed up (the overflow channel) alike."""
+    return a.url == b.url and a.overflow == b.overflow
