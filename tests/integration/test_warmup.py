@@ -16,9 +16,13 @@ from starlette.routing import Route
 
 from taogate.control.warmup import Warmup
 from taogate.dispatch.speed import SpeedEstimator
+from taogate.emulator.config import EmulatorConfig, Faults
+from taogate.emulator.fleet import run_fleet
 from taogate.fleet.instance import Instance, InstanceSpec
+from taogate.gateway import Gateway
 from taogate.serving import serve_asgi
 from taogate.settings import Settings
+from tests.conftest import ENV
 
 FIXED = 0.02  # seconds every answer takes
 PER_WORD = 1e-4  # seconds of prefill per word: 10,000 words/s, one token per word
@@ -58,3 +62,26 @@ async def test_a_held_up_answer_does_not_misjudge_the_card(held: int) -> None:
     # The card prefills 10,000 words/s. Taught by a held-up tiny answer it would look four times that
     # (a prefill time floored at a quarter of the large answer's); by a held-up large one, a third.
     assert 0.7 / PER_WORD < speeds.speed("card") < 1.4 / PER_WORD, (speeds.speed("card"), took)
+
+
+async def test_a_name_re_pointed_while_its_old_server_warms_up_is_warmed_at_its_new_one() -> None:
+    """Warm-ups ran one per name: the new server's was skipped while the old one's ran, and the
+    old one's, retired, taught nothing; the instance served unwarmed."""
+
+    def config(url: str) -> Settings:
+        dispatch = {"warmup_tokens": 1024, "health_check_interval": 3600, "scrape_interval": 0}
+        return Settings(instances=[{"url": url, "name": "a"}], dispatch=dispatch)  # type: ignore[list-item,arg-type]
+
+    slow = EmulatorConfig(faults=Faults(slow_first_byte=0.5))  # four prompts: 2 s
+    async with run_fleet([slow, EmulatorConfig()]) as fleet:
+        old_url, new_url = fleet.urls
+        gw = Gateway(config(old_url), environ=ENV)
+        try:
+            await gw.probes.probe_all()  # up: the old server's warm-up starts
+            gw.reload(config(new_url))
+            await gw.probes.probe_all()
+            assert gw.fleet.get("a").up
+            assert await gw.probes.warmed(within=10) == []
+            assert gw.speeds.samples("a") > 0
+        finally:
+            await gw.stop()

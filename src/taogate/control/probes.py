@@ -44,7 +44,8 @@ class HealthProbes:
         self._events = events
         self._warm_up = warm_up
         self._clock = clock
-        self._warming: dict[str, asyncio.Task[None]] = {}  # by instance name: one at a time each
+        # One at a time each, by the object: a name reloaded onto another server is a new one to warm.
+        self._warming: dict[Instance, asyncio.Task[None]] = {}
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(i) for i in list(self._fleet) if not i.spec.overflow))
@@ -57,7 +58,7 @@ class HealthProbes:
         running = dict(self._warming)
         if running:
             await asyncio.wait(running.values(), timeout=within)
-        return sorted(name for name, task in running.items() if not task.done())
+        return sorted({inst.name for inst, task in running.items() if not task.done()})
 
     async def aclose(self) -> None:
         """Cancel the warm-ups still running, and wait for them to end."""
@@ -89,10 +90,10 @@ class HealthProbes:
         if transition is None:
             return
         self._events.health_changed(inst, transition, detail)
-        if transition.to is HealthState.UP and inst.name not in self._warming:
+        if transition.to is HealthState.UP and inst not in self._warming:
             task = asyncio.create_task(self._warm(inst))
-            self._warming[inst.name] = task
-            task.add_done_callback(lambda done: self._ended(inst.name, done))
+            self._warming[inst] = task
+            task.add_done_callback(lambda done: self._ended(inst, done))
 
     async def _warm(self, inst: Instance) -> None:
         try:
@@ -102,9 +103,9 @@ class HealthProbes:
         self._events.capacity_changed()
         self._events.check_slow()  # what the warm-up taught may flag a slow card now, not a round later
 
-    def _ended(self, name: str, task: asyncio.Task[None]) -> None:
-        if self._warming.get(name) is task:
-            del self._warming[name]
+    def _ended(self, inst: Instance, task: asyncio.Task[None]) -> None:
+        if self._warming.get(inst) is task:
+            del self._warming[inst]
 
     async def _learn_models(self, inst: Instance, *, limit: float) -> None:
         try:
