@@ -194,3 +194,21 @@ async def test_a_waiter_whose_instances_went_away_is_refused_at_once() -> None:
     for h in held:
         assert h is not None
         h[0].release()
+
+
+async def test_after_the_drain_began_nobody_joins_the_queue() -> None:
+    """A request whose body ends once the drain's ``fail_all`` ran would wait for a slot freed at
+    the drain's end, and be sent on the closed upstream pool (a 502, not the shutdown's 503)."""
+    fleet, d = one_slot_fleet(queue_timeout=5.0)
+    got = d.try_acquire(FACTS)
+    assert got is not None
+    early = asyncio.create_task(d.wait_for_slot(FACTS, frozenset()))
+    await asyncio.sleep(0)
+    d.fail_all(NoInstance("The gateway is shutting down."))
+    with pytest.raises(NoInstance, match="shutting down"):
+        await early
+    with pytest.raises(NoInstance, match="shutting down"):
+        await d.wait_for_slot(FACTS, frozenset())
+    assert d.queued == 0
+    got[0].release()
+    assert fleet.all_inflight() == 0

@@ -107,6 +107,7 @@ class Dispatcher:
         self._waiters: FairOrder[_Waiter] = FairOrder(oldest_every, self.fair)
         self._arrivals = itertools.count()
         self._drain = DrainRate()
+        self._closed: GatewayError | None = None  # ``fail_all``'s: later waiters get it at once
 
     @property
     def rules(self) -> QueueRules:
@@ -241,6 +242,8 @@ class Dispatcher:
         Extension's negative priorities are) never waits."""
         if shed:
             raise self._refusal(Refuse("shed"), facts)
+        if self._closed is not None:  # a request whose body ended after the drain began
+            raise self._closed
         if len(self._waiters) >= self.queue_size:
             raise self._refusal(Refuse("queue_full"), facts)
         loop = asyncio.get_running_loop()
@@ -325,7 +328,9 @@ class Dispatcher:
         waiter.future.set_exception(self._refusal(refused, waiter.facts))
 
     def fail_all(self, exc: GatewayError) -> None:
-        """Shutdown: refuse everyone still waiting."""
+        """Shutdown: refuse everyone still waiting, and anyone who would wait from now on (the
+        slots freed at the end of the drain would hand them to a closed upstream pool)."""
+        self._closed = exc
         for w in self._waiters.pop_all():
             if not w.future.done():
                 w.future.set_exception(exc)
