@@ -99,6 +99,7 @@ class Gateway:
         self._settings_source = settings_source
         self._access_sink = access_sink  # where access lines go instead of logging records (cli)
         self.discovered: list[InstanceSpec] = []  # from [discovery] dns, refreshed by discovery
+        self._addresses: list[str] = []  # what [discovery] dns resolved to last
         # What outlives a config (a reload carries each into the new parts by name): learned speeds
         # and characters per token, the instances (leases in flight, KV-event indexes, breakers,
         # cache models and the prompt chains sent to each), the wait queue, the pool's
@@ -279,15 +280,17 @@ class Gateway:
         """Apply a new validated config: its parts are built first (a ConfigError changes nothing),
         then swapped in at one place. In-flight requests finish on the parts they started with."""
         old = self.settings
-        # Another DNS name: its addresses come with the next resolution.
-        discovered = self.discovered if settings.discovery.dns == old.discovery.dns else []
+        # The addresses last resolved, as the new [discovery] section makes them instances (its
+        # port, role, key, the cap); another DNS name: its addresses come with the next resolution.
+        addresses = self._addresses if settings.discovery.dns == old.discovery.dns else []
+        discovered = discovered_specs(addresses, settings.discovery, settings, self._environ)
         specs = self._specs(settings, discovered)  # may raise ConfigError: before anything changes
         require_precise(settings)
         parts = self._build(settings, specs, self.pipeline)
         restart_only = old.restart_only_changes(settings)
         if restart_only:
             log.warning("reload: %s take effect only after a restart", ", ".join(restart_only))
-        self.discovered = discovered
+        self.discovered, self._addresses = discovered, addresses
         changes = self._install(parts)
         self._probe_new()
         self.kv_events.sync()
@@ -374,6 +377,7 @@ class Gateway:
 
     def set_discovered(self, addresses: list[str]) -> tuple[list[str], list[str]]:
         """Install a new set of discovered addresses; returns (joined, left) instance names."""
+        self._addresses = addresses
         specs = discovered_specs(addresses, self.settings.discovery, self.settings, self._environ)
         if specs == self.discovered:
             return [], []

@@ -16,6 +16,7 @@ from taogate.app import create_app
 from taogate.bench.procs import free_port
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
+from taogate.gateway import Gateway
 from taogate.serving import bind_socket, serve_asgi
 from taogate.settings import Settings
 from tests.conftest import ENV, KEY
@@ -117,6 +118,32 @@ async def test_a_failing_lookup_keeps_the_instances_found_before() -> None:
         await asyncio.sleep(0.3)
         assert calls > 2
         assert [i.name for i in app.gateway.fleet] == ["127.0.0.1:9"]
+
+
+async def test_a_reload_reaches_the_discovered_instances_at_once() -> None:
+    """The addresses last resolved become instances under the new [discovery] section and cap
+    at the reload, not at the next answer from DNS (never, while DNS fails)."""
+
+    async def once(host: str, port: int) -> list[str]:
+        return ["127.0.0.2"]
+
+    def config(cap: int, role: str, port: int) -> Settings:
+        return Settings(
+            discovery={"dns": "pods.test", "port": port, "interval": 3600, "role": role},
+            dispatch={"max_queue_per_instance": cap, "warmup_tokens": 0, "health_timeout": 0.2},
+        )
+
+    gw = Gateway(config(32, "any", 9), environ=ENV, resolver=once)
+    try:
+        await gw.discovery.resolve()
+        assert gw.fleet.get("127.0.0.2:9").spec.cap == 32
+        gw.reload(config(4, "short", 9))
+        pod = gw.fleet.get("127.0.0.2:9")
+        assert (pod.spec.cap, pod.spec.role) == (4, "short")
+        gw.reload(config(4, "short", 19))  # another port: another server
+        assert [i.name for i in gw.fleet] == ["127.0.0.2:19"]
+    finally:
+        await gw.stop()
 
 
 def test_dns_setting_is_a_bare_host_name() -> None:
