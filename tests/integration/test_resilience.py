@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 
 from taogate.emulator.config import EmulatorConfig
 from taogate.serving import bind_socket
-from tests.conftest import KEY, GatewayFactory, Running, running_gateway
+from tests.conftest import KEY, GatewayFactory, Running, running_gateway, wait_until
 
 MODEL = "emulated-model"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -114,6 +114,41 @@ async def test_an_instance_that_always_fails_is_ejected_and_clients_never_see_it
         gw.fleet.instances[0].faults.error_rate = 1.0
         assert await run_load(gw, 40, 4) == [200] * 40
         assert gw.fleet.instances[0].stats()["errors"] <= 6  # ejected after a few failures
+        assert_nothing_leaked(gw)
+
+
+async def test_a_failed_attempt_counts_against_its_instance_and_not_against_what_follows(
+    gateway_factory: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """i0 fails every request, i1 is held at its cap: a request fails on i0, waits for i1 until
+    the queue's timeout, and ends in a 429 that is neither i0's nor free of its wait; a request
+    that fails over and succeeds carries no error of the attempt before."""
+    dispatch = {**FAST_RETRY, "breaker_failures": 50, "max_queue_per_instance": 1, "queue_timeout": 0.5}
+    async with gateway_factory(fleet(2), dispatch=dispatch) as gw:
+        failing, held = gw.fleet.instances
+        failing.faults.error_rate = 1.0
+        held.faults.slow_first_byte = 3.0
+        caplog.set_level(logging.INFO, "taogate.access")
+        async with httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+            holding = asyncio.create_task(h.post(gw.api_base + "/completions", json=body(0)))
+            await wait_until(lambda: gw.gateway.fleet.get("i1").inflight == 1, 5, "i1 held")
+            refused = await h.post(gw.api_base + "/completions", json=body(1))
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_timeout"
+            assert (await holding).status_code == 200
+            held.faults.slow_first_byte = 0.0
+            served = [await h.post(gw.api_base + "/completions", json=body(i)) for i in range(2, 8)]
+            metrics = (await h.get(gw.url + "/metrics")).text
+        assert [r.status_code for r in served] == [200] * 6
+        lines = [r.getMessage() for r in caplog.records if r.name == "taogate.access"]
+        (line,) = [line for line in lines if "status=429" in line]
+        assert "instance=" not in line and "error=queue_timeout" in line and "retries=1" in line
+        assert float(line.split("queue_wait=")[1].split()[0]) >= 0.5
+        wait_count = [m for m in metrics.splitlines() if m.startswith("taogate_queue_wait_seconds_count")]
+        assert wait_count and float(wait_count[0].split()[-1]) >= 1, wait_count
+        retried = [line for line in lines if "status=200" in line and "retries=1" in line]
+        assert retried and all("error=" not in line for line in retried), retried
+        window = gw.gateway.fleet.get("i0").window.stats(gw.gateway.clock())
+        assert window.errors >= 1 + len(retried)
         assert_nothing_leaked(gw)
 
 

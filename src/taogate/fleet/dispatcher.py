@@ -235,11 +235,17 @@ class Dispatcher:
         return None if isinstance(got, Wait) else got
 
     async def wait_for_slot(
-        self, facts: RequestFacts, exclude: frozenset[str], *, shed: bool = False
-    ) -> tuple[Lease, Send, float]:
+        self,
+        facts: RequestFacts,
+        exclude: frozenset[str],
+        waited: Callable[[float], None],
+        *,
+        shed: bool = False,
+    ) -> tuple[Lease, Send]:
         """Join the bounded queue until ``pump`` hands this request a slot (or 429; or 503 or 404 if
         meanwhile no instance can take it). A ``shed`` request (sheddable, as the Inference
-        Extension's negative priorities are) never waits."""
+        Extension's negative priorities are) never waits. ``waited`` is told the seconds spent in
+        the queue as the request leaves it, with a slot or not (a timed-out wait is the longest)."""
         if shed:
             raise self._refusal(Refuse("shed"), facts)
         if self._closed is not None:  # a request whose body ended after the drain began
@@ -263,7 +269,7 @@ class Dispatcher:
             granted = fut.done() and not fut.cancelled() and fut.exception() is None
             if granted and isinstance(exc, TimeoutError):
                 lease, send = fut.result()
-                return lease, send, self._clock() - started
+                return lease, send
             if granted:
                 fut.result()[0].release()
             if isinstance(exc, TimeoutError):
@@ -277,7 +283,8 @@ class Dispatcher:
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
-        return lease, send, self._clock() - started
+            waited(self._clock() - started)
+        return lease, send
 
     # -- slots freeing up ------------------------------------------------------------------------
     def _released(self, lease: Lease) -> None:

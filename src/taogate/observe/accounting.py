@@ -14,6 +14,7 @@ from taogate.dispatch.speed import SpeedEstimator
 from taogate.dispatch.tokens import PromptSize
 from taogate.dispatch.types import RequestFacts
 from taogate.fleet.fleet import Fleet
+from taogate.fleet.instance import Instance
 from taogate.fleet.learning import Learning
 from taogate.fleet.lease import Lease
 from taogate.observe.access_log import AccessLog
@@ -38,6 +39,16 @@ class Accounting:
     def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
         """Calibrate the token estimate and the instance's speed from a successful response."""
         self._learning.learn(rec, facts, size, lease)
+
+    def waited(self, rec: RequestRecord, seconds: float) -> None:
+        """Time the request spent in the gateway queue, granted a slot or not."""
+        rec.queue_wait += seconds
+        self.metrics.queue_wait.observe(seconds)
+
+    def attempt_failed(self, inst: Instance) -> None:
+        """An attempt the instance failed, retried elsewhere: an error in its last-minute window
+        (the request itself is accounted where it ends)."""
+        inst.window.record(self.clock(), ok=False, prompt_tokens=0, completion_tokens=0, ttft=None)
 
     def record(self, rec: RequestRecord) -> None:
         """Metrics, the instance's window and the access log line: once per request, every path."""

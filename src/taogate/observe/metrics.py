@@ -77,7 +77,7 @@ class GatewayMetrics:
         )
         self.queue_wait = PlainHistogram(
             "taogate_queue_wait_seconds",
-            "Time requests waited in the gateway queue for a slot.",
+            "Time requests waited in the gateway queue, for a slot or for its timeout.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
@@ -89,7 +89,8 @@ class GatewayMetrics:
         )
         self.priority_queue_wait = PlainHistogram(
             "taogate_priority_queue_wait_seconds",
-            "Time requests waited in the gateway queue for a slot, by priority class (clamped to -9..9).",
+            "Time requests waited in the gateway queue (for a slot or its timeout), by priority class "
+            "(clamped to -9..9).",
             ["priority"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

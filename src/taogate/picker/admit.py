@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -276,18 +277,16 @@ class Admission:
         try:
             ready = dispatcher.try_acquire(facts, exclude)
             if ready is not None:
-                (lease, pick), waited = ready, 0.0
+                lease, pick = ready
             else:
-                lease, pick, waited = await dispatcher.wait_for_slot(facts, exclude, shed=sheddable)
+                waited = partial(gw.accounting.waited, rec)
+                lease, pick = await dispatcher.wait_for_slot(facts, exclude, waited, shed=sheddable)
         except NotFound as exc:
             if hinted:  # the subset serves no such model: the protocol's answer is 503
                 raise NoInstance(
                     f"No instance of the gateway's subset hint can take this request ({exc.message})"
                 ) from None
             raise
-        rec.queue_wait += waited
-        if waited:
-            metrics.queue_wait.observe(waited)
         rec.instance = lease.instance.name
         if pick.channel_fallback:
             rec.channel_fallback = True

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from starlette.types import Receive, Send
@@ -221,16 +222,14 @@ class Pipeline:
         attempt = 0
         while True:
             attempt += 1
+            rec = ex.rec
             ready = self.dispatcher.try_acquire(ex.facts, exclude)
             if ready is not None:
-                (lease, pick), waited = ready, 0.0
+                lease, pick = ready
             else:
-                lease, pick, waited = await self.dispatcher.wait_for_slot(ex.facts, exclude)
-            rec = ex.rec
-            rec.queue_wait += waited
-            if waited:
-                self.metrics.queue_wait.observe(waited)
-            rec.instance = lease.instance.name
+                waited = partial(self.accounting.waited, rec)
+                lease, pick = await self.dispatcher.wait_for_slot(ex.facts, exclude, waited)
+            rec.instance, rec.error = lease.instance.name, None  # this attempt's, not the last one's
             if pick.channel_fallback:
                 rec.channel_fallback = True
             decided = self._decided.get(pick.reason)
@@ -247,6 +246,8 @@ class Pipeline:
             except AttemptFailure as failure:
                 rec.retries += 1
                 self.metrics.retries.labels(failure.reason).inc()
+                self.accounting.attempt_failed(lease.instance)
+                rec.instance = None  # what ends the request (a refusal, say) is not this instance's
                 log.info(
                     "request %s: %s on %s; retrying elsewhere",
                     rec.request_id,
