@@ -35,6 +35,7 @@ class RequestRecord:
     error: str | None = None
     reject: str | None = None
     priority: int | None = None  # the priority class, when not the default (0)
+    stream: bool = False  # asked for a stream: its first byte is its first token
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,
@@ -60,6 +61,7 @@ class RequestRecord:
         error: str | None = None,
         reject: str | None = None,
         priority: int | None = None,
+        stream: bool = False,
     ) -> None:
         self.request_id = request_id
         self.route = route
@@ -83,3 +85,4 @@ class RequestRecord:
         self.error = error
         self.reject = reject
         self.priority = priority
+        self.stream = stream

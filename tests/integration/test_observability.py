@@ -170,3 +170,18 @@ async def test_a_real_prometheus_scrapes_the_gateway(gw: Running) -> None:
         finally:
             proc.terminate()
             await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_the_last_minute_s_ttft_is_of_streams_only(gateway_factory: GatewayFactory) -> None:
+    """A whole answer's first byte is its last: as a TTFT (status, the fleet page) it made an
+    instance read many times slower than it is."""
+    async with gateway_factory([EmulatorConfig()]) as gw, httpx.AsyncClient(headers=AUTH, timeout=30) as h:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 40}
+        assert (await h.post(gw.api_base + "/completions", json=body)).status_code == 200
+        window = gw.gateway.fleet.get("i0").window
+        assert window.stats(gw.gateway.clock()).ttft_p50 is None
+        assert window.stats(gw.gateway.clock()).requests == 1
+        async with h.stream("POST", gw.api_base + "/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            await r.aread()
+        assert window.stats(gw.gateway.clock()).ttft_p50 is not None

@@ -89,7 +89,7 @@ class Accounting:
                     ok=status < 500,
                     prompt_tokens=rec.prompt_tokens or rec.prompt_tokens_est or 0,
                     completion_tokens=rec.completion_tokens or 0,
-                    ttft=rec.ttfb,
+                    ttft=rec.ttfb if rec.stream else None,  # a whole answer's first byte is its last
                 )
         self.access.emit(rec)
 

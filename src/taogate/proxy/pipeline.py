@@ -164,6 +164,7 @@ class Pipeline:
             rec.model = incoming.model
             rec.prompt_tokens_est = facts.prompt_tokens
             rec.long = facts.long
+            rec.stream = facts.stream
             rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
             admission, send = await self.limiter.admit(tenant, facts, incoming.model, rec, send)
