@@ -225,3 +225,17 @@ async def test_diagnose_names_a_slow_instance_by_host_port_as_the_gateway_would(
         slow = instance_label(fleet.urls[1])
     verdict = json.loads(out.read_text())["verdict"]
     assert (done.returncode, verdict["kind"], verdict["instance"]) == (2, "slow", slow), done.stdout
+
+
+def test_counts_and_rates_of_zero_are_refused_by_name_not_by_a_traceback() -> None:
+    cases = [
+        ["bench", "--emulate", "--instances", "0", "--workload", "single"],
+        ["diagnose", "--emulate", "--instances", "0"],
+        ["bench", "--emulate", "--concurrency", "0"],
+        ["diagnose", "--emulate", "--lowered-cap", "0"],
+        ["diagnose", "--emulate", "--configured-cap", "0"],
+        ["bench", "--emulate", "--workload", "mixed", "--rate", "0"],
+    ]
+    for args in cases:
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert result.exit_code == 2 and "Invalid value for" in result.output, (args, result.output)

@@ -280,6 +280,7 @@ def diagnose(
         typer.Option(
             "--lowered-cap",
             "--cap",
+            min=1,
             help="Run B's max_queue_per_instance, the lowered one (the article's 8): if max latency drops "
             "with it, the cause is dispatch.",
         ),
@@ -289,6 +290,7 @@ def diagnose(
         typer.Option(
             "--configured-cap",
             "--queue-cap",
+            min=1,
             help=escape(
                 "Run A's max_queue_per_instance: the cap your gateway runs with. Default: config.toml's "
                 "[dispatch] max_queue_per_instance, else 32."

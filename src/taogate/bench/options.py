@@ -58,25 +58,39 @@ BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="Gateway base
 KeyOpt = Annotated[str | None, typer.Option("--key", help="API key (default: profile, $TAOTOKEN_API_KEY).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name (default: profile).")]
 WorkloadOpt = Annotated[str, typer.Option("--workload", help="long-prompts|single|mixed|shared-prefix|file.")]
-RequestsOpt = Annotated[int | None, typer.Option("--requests", help="Requests per run (workload default).")]
+RequestsOpt = Annotated[
+    int | None, typer.Option("--requests", min=1, help="Requests per run (workload default).")
+]
 ConcOpt = Annotated[
     int,
     typer.Option(
         "--concurrency",
+        min=1,
         help="Requests in flight at once (long-prompts, shared-prefix, file; mixed arrives at --rate, "
         "single is one request).",
     ),
 ]
-PromptOpt = Annotated[int, typer.Option("--prompt-tokens", help="Approximate prompt size in tokens.")]
-MaxTokOpt = Annotated[int, typer.Option("--max-tokens", help="max_tokens per request.")]
-RateOpt = Annotated[float | None, typer.Option("--rate", help="mixed: Poisson arrivals per second.")]
+PromptOpt = Annotated[int, typer.Option("--prompt-tokens", min=1, help="Approximate prompt size in tokens.")]
+MaxTokOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="max_tokens per request.")]
+
+
+def _positive_rate(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter("arrivals per second must be above 0")
+    return value
+
+
+RateOpt = Annotated[
+    float | None,
+    typer.Option("--rate", callback=_positive_rate, help="mixed: Poisson arrivals per second."),
+]
 FileOpt = Annotated[Path | None, typer.Option("--file", help="JSONL prompts for --workload file.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write results (summaries, samples) here.")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot here.")]
 EmulateOpt = Annotated[
     bool, typer.Option("--emulate", help="Start an emulated fleet and gateway in-process.")
 ]
-InstancesOpt = Annotated[int, typer.Option("--instances", help="--emulate: fleet size.")]
+InstancesOpt = Annotated[int, typer.Option("--instances", min=1, help="--emulate: fleet size.")]
 SlowOpt = Annotated[list[str] | None, typer.Option("--slow", help="--emulate: INDEX=FACTOR slow instance.")]
 CacheOpt = Annotated[
     bool,
