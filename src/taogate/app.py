@@ -31,7 +31,7 @@ from taogate.info import info_router
 from taogate.observe.dashboard import dashboard
 from taogate.observe.exposition import Exposition
 from taogate.proxy.routes import RESPONSE_ITEM, RESPONSE_ITEM_PREFIX, ROUTES, Route, error_shapes
-from taogate.serving import gateway_server_options, serve_asgi
+from taogate.serving import gateway_server_options, serve_asgi, startup_timeout
 from taogate.settings import Settings
 
 log = logging.getLogger("taogate.app")
@@ -162,7 +162,8 @@ def _build_api(gateway: Gateway, prefix: str, errors_at: Callable[[str], ErrorSh
 
 class TaogateApp:
     """Routes proxied POSTs straight to the gateway; everything else to the FastAPI app.
-    ``server_options``: how uvicorn must serve it (its protocol and limits), whoever serves it."""
+    ``server_options``: how uvicorn must serve it (its protocol and limits), whoever serves it;
+    ``startup_timeout``: how long its startup may take (the warm-ups' wait included)."""
 
     def __init__(
         self, gateway: Gateway, api: FastAPI, routes: Mapping[str, Route], server_options: Mapping[str, Any]
@@ -171,6 +172,7 @@ class TaogateApp:
         self.api = api
         self._routes = dict(routes)
         self.server_options = dict(server_options)
+        self.startup_timeout = startup_timeout(gateway.settings.dispatch.warmup_wait)
         prefix = gateway.settings.gateway.prefix
         self._items = (RESPONSE_ITEM_PREFIX, prefix + RESPONSE_ITEM_PREFIX)
 

@@ -26,8 +26,9 @@ from taogate.errors import ErrorShape, openai_everywhere
 from taogate.listener import protocol_class
 from taogate.settings import GatewaySettings
 
-#: Startup runs one probe round, warm-up prefills included: against busy engines on a small machine
-#: those queue behind the engines' own work (15 s was seen to fall short on the real tier).
+#: How long an app's startup may take before ``serve_asgi`` gives up: a gateway's runs a DNS lookup
+#: and a probe round (15 s was seen to fall short against busy engines on the real tier), then
+#: waits up to ``[dispatch] warmup_wait`` more for the warm-ups (``startup_timeout``).
 _STARTUP_TIMEOUT_S = 60.0
 #: File descriptors kept beside the client connections: the upstream pool's, the control plane's,
 #: the listening socket, logs, and room for the instances' probes.
@@ -168,12 +169,25 @@ class Served:
     server: Server
 
 
+def startup_timeout(warmup_wait: float) -> float:
+    """How long a gateway's startup may take, its warm-ups' wait included."""
+    return _STARTUP_TIMEOUT_S + warmup_wait
+
+
 @contextlib.asynccontextmanager
 async def serve_asgi(
-    app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful: float = 5.0, **config: Any
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    graceful: float = 5.0,
+    startup: float = _STARTUP_TIMEOUT_S,
+    **config: Any,
 ) -> AsyncIterator[Served]:
-    """Serve ``app`` until the block exits; lifespan runs, so the app's startup is done on entry.
-    An app with ``server_options`` (the gateway) is served with them."""
+    """Serve ``app`` until the block exits; lifespan runs, so the app's startup (``startup``
+    seconds at most) is done on entry. An app with ``server_options`` (the gateway) is served with
+    them, and within its own ``startup_timeout``."""
+    startup = getattr(app, "startup_timeout", startup)
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     options: dict[str, Any] = {
@@ -189,9 +203,7 @@ async def serve_asgi(
     server = Server(uvicorn.Config(app, host=host, port=bound, **options), own_signals=False)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name=f"serve-{bound}")
     ready = asyncio.ensure_future(server.listening.wait())
-    done, _ = await asyncio.wait(
-        {task, ready}, timeout=_STARTUP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
-    )
+    done, _ = await asyncio.wait({task, ready}, timeout=startup, return_when=asyncio.FIRST_COMPLETED)
     if ready not in done:
         ready.cancel()
         server.request_exit()
@@ -199,7 +211,7 @@ async def serve_asgi(
         sock.close()
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise RuntimeError(f"server on port {bound} failed to start") from task.exception()
-        raise RuntimeError(f"server on port {bound} did not start in {_STARTUP_TIMEOUT_S:g}s")
+        raise RuntimeError(f"server on port {bound} did not start in {startup:g}s")
     try:
         yield Served(f"http://{host}:{bound}", bound, server)
     finally:

@@ -80,6 +80,8 @@ def test_pool_picker_and_service_agree_with_the_base() -> None:
     assert pre_stop[0] == "sleep"
     drain = tomllib.loads(cm["data"]["config.toml"])["gateway"]["shutdown_timeout"]
     assert pod["spec"]["terminationGracePeriodSeconds"] > drain + float(pre_stop[1])
+    startup = container["startupProbe"]  # serving starts after the warm-ups' wait (60 s by default)
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 80
     account = m[f"ServiceAccount/{pod['spec']['serviceAccountName']}"]
     assert account["automountServiceAccountToken"] is False
     assert pod["spec"]["automountServiceAccountToken"] is False

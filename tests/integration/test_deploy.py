@@ -425,6 +425,9 @@ def test_k8s_manifests_agree(tmp_path: Path) -> None:
     assert settings.discovery.dns == toml["discovery"]["dns"]
     grace = pod["terminationGracePeriodSeconds"]
     assert grace > settings.gateway.shutdown_timeout + float(pre_stop[1])
+    # The port opens after the warm-ups' wait: the startup probe must not restart the pod before.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= settings.dispatch.warmup_wait + 20
     port = settings.gateway.port
     assert container["ports"][0]["containerPort"] == port
     # Service, PDB and ServiceMonitor select these pods; the headless Service matches discovery.

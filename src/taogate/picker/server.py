@@ -56,7 +56,9 @@ async def serve_picker(
     app = create_app(settings, environ=environ, **gateway_kwargs)
     gateway = app.gateway
     admission = Admission(gateway, route_table(settings.gateway.prefix), check_key=check_key)
-    async with serve_asgi(app.api, host, http_port, graceful=settings.gateway.shutdown_timeout) as served:
+    within = app.startup_timeout
+    graceful = settings.gateway.shutdown_timeout
+    async with serve_asgi(app.api, host, http_port, graceful=graceful, startup=within) as served:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ExternalProcessorServicer_to_server(Picker(gateway, admission), server)
         checks = health.aio.HealthServicer()
