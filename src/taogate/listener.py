@@ -163,11 +163,11 @@ class LimitedProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         # Called per fragment; uvicorn's `self.url += url` would copy the URL so far each time.
         self._url_len += len(url)
+        self._url_parts.append(url)  # a refusal's error shape is the path's
         limits = self._limits
         if self._url_len > limits.max_url_bytes:
             raise Reject(414, "uri_too_long", f"The request target exceeds {limits.max_url_bytes} bytes.")
         self._head_budget = limits.max_header_bytes - self._url_len
-        self._url_parts.append(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._head_started:

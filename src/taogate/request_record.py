@@ -35,7 +35,7 @@ class RequestRecord:
     error: str | None = None
     reject: str | None = None
     priority: int | None = None  # the priority class, when not the default (0)
-    stream: bool = False  # asked for a stream: its first byte is its first token
+    stream: bool = False  # answered as a stream: its first byte is its first token
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,

@@ -99,6 +99,8 @@ async def test_errors_outside_the_routes_take_anthropic_s_shape_on_its_paths(gw:
         refused = await http.post(gw.url + "/v1/messages?beta=true", json={}, headers=huge)
         assert refused.status_code == 431 and refused.json()["type"] == "error", refused.text
         assert "exceeds" in refused.json()["error"]["message"]
+        long_url = await http.post(gw.url + "/v1/messages?q=" + "a" * 9000, json={}, headers=huge)
+        assert long_url.status_code == 414 and long_url.json()["type"] == "error", long_url.text
         openai = await http.post(gw.url + "/v1/chat/completions", json={}, headers=huge)
         assert openai.status_code == 431 and openai.json()["error"]["code"] == "header_too_large"
 

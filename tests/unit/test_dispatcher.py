@@ -201,9 +201,10 @@ async def test_a_waiter_whose_instances_went_away_is_refused_at_once() -> None:
         h[0].release()
 
 
-async def test_after_the_drain_began_nobody_joins_the_queue() -> None:
-    """A request whose body ends once the drain's ``fail_all`` ran would wait for a slot freed at
-    the drain's end, and be sent on the closed upstream pool (a 502, not the shutdown's 503)."""
+async def test_after_the_drain_began_nothing_more_is_sent_or_queued() -> None:
+    """A request whose body ends once the drain's ``fail_all`` ran (or a retry out of its backoff)
+    would be sent on a slot freed at the drain's end, on the closed upstream pool (a 502, not the
+    shutdown's 503)."""
     fleet, d = one_slot_fleet(queue_timeout=5.0)
     got = d.try_acquire(FACTS)
     assert got is not None
@@ -216,4 +217,6 @@ async def test_after_the_drain_began_nobody_joins_the_queue() -> None:
         await d.wait_for_slot(FACTS, frozenset(), _untimed)
     assert d.queued == 0
     got[0].release()
+    with pytest.raises(NoInstance, match="shutting down"):  # a retry out of its backoff, a slot free
+        d.try_acquire(FACTS)
     assert fleet.all_inflight() == 0

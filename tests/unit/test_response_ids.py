@@ -59,5 +59,6 @@ def test_a_stored_response_s_path_loses_the_gateway_s_prefix_but_never_its_own_v
     for prefix in ("", "/api", "/v1"):  # base_url = http://gw:8080/v1 gives a prefix of /v1
         assert upstream_path(RESPONSE_ITEM, scope(plain), prefix) == plain, prefix
     assert upstream_path(RESPONSE_ITEM, scope(b"/v1" + plain), "/v1") == plain
+    assert upstream_path(RESPONSE_ITEM, scope(b"/v1/responses" + plain), "/v1/responses") == plain
     cancel = upstream_path(RESPONSE_ITEM, scope(b"/api/v1/responses/resp_a/cancel", b"x=1"), "/api")
     assert cancel == b"/v1/responses/resp_a/cancel?x=1" and item_id(cancel) == "resp_a"

@@ -229,6 +229,8 @@ class Dispatcher:
         """A lease on the instance to send to now, with its pick, or None when every eligible
         instance is at its cap (then ``wait_for_slot``); refusals raise. Not a coroutine: the
         common case needs no wait."""
+        if self._closed is not None:  # draining: nothing new is sent (a retry out of its backoff)
+            raise self._closed
         got = self._try(facts, exclude)
         if isinstance(got, Refuse):
             raise self._refusal(got, facts)
@@ -335,8 +337,9 @@ class Dispatcher:
         waiter.future.set_exception(self._refusal(refused, waiter.facts))
 
     def fail_all(self, exc: GatewayError) -> None:
-        """Shutdown: refuse everyone still waiting, and anyone who would wait from now on (the
-        slots freed at the end of the drain would hand them to a closed upstream pool)."""
+        """Shutdown: refuse everyone still waiting, and any request not sent yet from now on (the
+        slots freed at the end of the drain would hand them to a closed upstream pool); the
+        requests already sent get the drain's grace."""
         self._closed = exc
         for w in self._waiters.pop_all():
             if not w.future.done():

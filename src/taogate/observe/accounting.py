@@ -45,10 +45,10 @@ class Accounting:
         rec.queue_wait += seconds
         self.metrics.queue_wait.observe(seconds)
 
-    def attempt_failed(self, inst: Instance) -> None:
-        """An attempt the instance failed, retried elsewhere: an error in its last-minute window
-        (the request itself is accounted where it ends)."""
-        inst.window.record(self.clock(), ok=False, prompt_tokens=0, completion_tokens=0, ttft=None)
+    def attempt_failed(self, inst: Instance, blame: bool) -> None:
+        """An attempt retried elsewhere: a request in the instance's last-minute window, an error
+        when it was the instance's fault (the request itself is accounted where it ends)."""
+        inst.window.record(self.clock(), ok=not blame, prompt_tokens=0, completion_tokens=0, ttft=None)
 
     def record(self, rec: RequestRecord) -> None:
         """Metrics, the instance's window and the access log line: once per request, every path."""

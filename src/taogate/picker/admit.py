@@ -177,7 +177,6 @@ class Admission:
         rec.model = incoming.model
         rec.prompt_tokens_est = facts.prompt_tokens
         rec.long = facts.long
-        rec.stream = facts.stream
         rec.priority = facts.priority or None
         rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
         rid = rec.request_id.encode()

@@ -50,6 +50,7 @@ class Tap:
         plain = [(k, v) for k, v in raw if not k.startswith(b":")]
         if (header(plain, b"content-type") or b"").startswith(b"text/event-stream"):
             self._sse = UsageTap()
+            p.rec.stream = True
         inst = p.lease.instance
         if p.forward.ask_load:
             report = header(plain, LOAD_REPORT_RESPONSE.encode())

@@ -118,13 +118,12 @@ _ITEM_PREFIX = RESPONSE_ITEM_PREFIX.encode()
 
 def upstream_path(route: Route, scope: dict[str, Any], prefix: str) -> bytes:
     """The path upstream: the route's, or for a stored response the request's own as the client
-    sent it, still percent-encoded (less the gateway's prefix, unless the path is already the
-    plain one: a prefix of ``/v1`` serves ``/v1/responses/{id}`` as it is); the query string goes
+    sent it, still percent-encoded (less the gateway's prefix where it comes before the plain
+    path: a prefix of ``/v1`` serves ``/v1/responses/{id}`` as it is); the query string goes
     along."""
     if route.body == "none":
         out = scope.get("raw_path") or quote(scope["path"]).encode()
-        plain = out.startswith(_ITEM_PREFIX)
-        if prefix and not plain and out.startswith(prefix.encode() + b"/"):
+        if prefix and out.startswith(prefix.encode() + _ITEM_PREFIX):
             out = out[len(prefix) :]
     else:
         out = route.upstream_path

@@ -164,7 +164,6 @@ class Pipeline:
             rec.model = incoming.model
             rec.prompt_tokens_est = facts.prompt_tokens
             rec.long = facts.long
-            rec.stream = facts.stream
             rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
             admission, send = await self.limiter.admit(tenant, facts, incoming.model, rec, send)
@@ -231,8 +230,7 @@ class Pipeline:
                 waited = partial(self.accounting.waited, rec)
                 lease, pick = await self.dispatcher.wait_for_slot(ex.facts, exclude, waited)
             rec.instance, rec.error = lease.instance.name, None  # this attempt's, not the last one's
-            if pick.channel_fallback:
-                rec.channel_fallback = True
+            rec.channel_fallback = True if pick.channel_fallback else None
             decided = self._decided.get(pick.reason)
             if decided is None:
                 m = self.metrics
@@ -247,7 +245,7 @@ class Pipeline:
             except AttemptFailure as failure:
                 rec.retries += 1
                 self.metrics.retries.labels(failure.reason).inc()
-                self.accounting.attempt_failed(lease.instance)
+                self.accounting.attempt_failed(lease.instance, failure.blame)
                 rec.instance = None  # what ends the request (a refusal, say) is not this instance's
                 log.info(
                     "request %s: %s on %s; retrying elsewhere",
@@ -359,7 +357,7 @@ class Pipeline:
         """Relay the SSE stream; a failure after the 200 blames the instance and is accounted as the
         502-class failure it is. Returns whether the stream completed."""
         inst = lease.instance
-        ex.started = True
+        ex.started = ex.rec.stream = True
         headers = ex.forward.answer_headers(response.raw_headers, ex.rid, inst.name, lease.receipt)
         await ex.send({"type": "http.response.start", "status": response.status_code, "headers": headers})
 

@@ -142,11 +142,12 @@ class Next(StrEnum):
 class AttemptFailure(Exception):
     """An attempt failed before any byte went downstream, and a retry elsewhere was granted."""
 
-    def __init__(self, reason: str, instance: str, detail: str) -> None:
+    def __init__(self, reason: str, instance: str, detail: str, blame: bool = True) -> None:
         super().__init__(reason, instance, detail)
         self.reason = reason  # bounded (``classify``): connect, closed, read_timeout, status_503, ...
         self.instance = instance
         self.detail = detail
+        self.blame = blame  # the instance's fault (not a 429, a timeout of ours, a closed keep-alive)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +164,7 @@ class Judgement:
     def exception(self) -> Exception:
         """What ends the attempt: ``AttemptFailure`` for a retry, else the gateway's own error."""
         if self.next is Next.RETRY:
-            return AttemptFailure(self.reason, self.instance, self.failure.detail)
+            return AttemptFailure(self.reason, self.instance, self.failure.detail, self.blame)
         return answer(self.failure, self.instance)
 
 
