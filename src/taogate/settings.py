@@ -365,6 +365,14 @@ class Settings(BaseSettings):
             ("[gateway] base_url path", a.gateway.prefix, b.gateway.prefix),
             ("[gateway] max_connections", a.gateway.max_connections, b.gateway.max_connections),
             ("[gateway] log_level", a.gateway.log_level, b.gateway.log_level),
+            # Read at start by uvicorn's graceful stop and the listener's write bound; the drain and
+            # the stream relay take the new value at once.
+            ("[gateway] shutdown_timeout", a.gateway.shutdown_timeout, b.gateway.shutdown_timeout),
+            (
+                "[gateway] client_stall_timeout",
+                a.gateway.client_stall_timeout,
+                b.gateway.client_stall_timeout,
+            ),
             *(
                 (f"[gateway] {key}", getattr(a.gateway, key), getattr(b.gateway, key))
                 for key in GatewaySettings.LISTENER_KEYS
@@ -373,6 +381,7 @@ class Settings(BaseSettings):
             ("[prefill] chars_per_token", a.prefill.chars_per_token, b.prefill.chars_per_token),
             ("[prefill] chat_template", a.prefill.chat_template, b.prefill.chat_template),
             ("[limits] store", a.limits.store, b.limits.store),
+            ("[limits] store_timeout", a.limits.store_timeout, b.limits.store_timeout),  # the socket's
         ]
         return [key for key, old, cur in pairs if old != cur]
 

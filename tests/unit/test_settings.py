@@ -282,3 +282,18 @@ def test_discovery_refuses_an_endpoint_a_pod_would_not_bind(endpoint: str) -> No
 def test_discovery_kv_events_without_dns_is_warned_about() -> None:
     s = Settings(instances=[{"url": "http://127.0.0.1:8000"}], discovery={"kv_events": "tcp://*:5557"})
     assert any("kv_events is set without dns" in w for w in s.warnings())
+
+
+def test_a_reload_names_the_settings_read_only_at_start() -> None:
+    old = Settings()
+    new = Settings(
+        gateway={"shutdown_timeout": 5, "client_stall_timeout": 9, "port": 9000},
+        limits={"store_timeout": 1.0},
+    )
+    assert old.restart_only_changes(new) == [
+        "[gateway] port",
+        "[gateway] shutdown_timeout",
+        "[gateway] client_stall_timeout",
+        "[limits] store_timeout",
+    ]
+    assert old.restart_only_changes(Settings(gateway={"request_timeout": 900})) == []
