@@ -46,6 +46,7 @@ from taogate.fleet.dispatcher import Dispatcher, QueueRules
 from taogate.fleet.events import FleetEvents
 from taogate.fleet.fleet import Fleet, specs_from_settings
 from taogate.fleet.instance import InstanceSpec
+from taogate.instance_settings import server_of
 from taogate.observe.access_log import AccessLog
 from taogate.observe.accounting import Accounting
 from taogate.observe.collectors import FleetCollector, KeysCollector, UpstreamCollector
@@ -372,8 +373,9 @@ class Gateway:
     def _specs(self, settings: Settings, discovered: list[InstanceSpec] | None = None) -> list[InstanceSpec]:
         static = specs_from_settings(settings, self._environ)
         names = {s.name for s in static}
+        servers = {server_of(s.url) for s in static}  # a listed server found by DNS too is listed once
         found = self.discovered if discovered is None else discovered
-        return static + [d for d in found if d.name not in names]
+        return static + [d for d in found if d.name not in names and server_of(d.url) not in servers]
 
     def set_discovered(self, addresses: list[str]) -> tuple[list[str], list[str]]:
         """Install a new set of discovered addresses; returns (joined, left) instance names."""

@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from taogate.dispatch.types import Role, SchedulingPolicy
 from taogate.sections import Section, check_base_url
 
-__all__ = ["DiscoverySettings", "InstanceSettings", "instance_label"]
+__all__ = ["DiscoverySettings", "InstanceSettings", "instance_label", "server_of"]
 
 
 def instance_label(url: str, name: str | None = None) -> str:
@@ -23,6 +23,21 @@ def instance_label(url: str, name: str | None = None) -> str:
     host = parts.hostname or ""
     host = f"[{host}]" if ":" in host else host
     return f"{host}:{parts.port}" if parts.port else host
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def server_of(url: str) -> tuple[str, str, int | None, str]:
+    """The server a base URL names, however it is spelled (case, a default port, credentials)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return (
+        scheme,
+        (parts.hostname or "").lower(),
+        parts.port or _DEFAULT_PORTS.get(scheme),
+        parts.path.rstrip("/"),
+    )
 
 
 class InstanceSettings(Section):

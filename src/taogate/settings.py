@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from taogate.dispatch.types import STRATEGIES, Strategy
-from taogate.instance_settings import DiscoverySettings, InstanceSettings
+from taogate.instance_settings import DiscoverySettings, InstanceSettings, server_of
 from taogate.key_settings import KeyList, LimitsSettings
 from taogate.sections import Section, check_base_url
 
@@ -314,6 +314,18 @@ class Settings(BaseSettings):
         labels = [i.label for i in self.instances]
         if self.overflow is not None:
             labels.append(self.overflow.label)
+        listed = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
+        seen: dict[tuple[str, str, int | None, str], str] = {}
+        for item in listed:  # one server twice is two caps on one queue (or overflow past the cap)
+            server = server_of(item.url)
+            first = seen.get(server)
+            seen.setdefault(server, item.label)
+            if first is not None:
+                raise ValueError(
+                    f"[[instances]] and [overflow] list one server twice, as {first} and {item.label} "
+                    f"({item.url}): each entry is a server of its own, with a cap of its own. "
+                    "Remove the repeat."
+                )
         dupes = sorted({n for n in labels if labels.count(n) > 1})
         if dupes:
             raise ValueError(

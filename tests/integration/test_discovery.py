@@ -17,6 +17,7 @@ from taogate.bench.procs import free_port
 from taogate.emulator.config import EmulatorConfig
 from taogate.emulator.fleet import run_fleet
 from taogate.gateway import Gateway
+from taogate.instance_settings import InstanceSettings
 from taogate.serving import bind_socket, serve_asgi
 from taogate.settings import Settings
 from tests.conftest import ENV, KEY
@@ -142,6 +143,11 @@ async def test_a_reload_reaches_the_discovered_instances_at_once() -> None:
         assert (pod.spec.cap, pod.spec.role) == (4, "short")
         gw.reload(config(4, "short", 19))  # another port: another server
         assert [i.name for i in gw.fleet] == ["127.0.0.2:19"]
+        listed = config(4, "short", 19).model_copy(
+            update={"instances": [InstanceSettings(url="http://127.0.0.2:19", name="listed")]}
+        )
+        gw.reload(listed)  # the server DNS finds is listed too: one instance, the listed one
+        assert [i.name for i in gw.fleet] == ["listed"]
     finally:
         await gw.stop()
 

@@ -244,10 +244,31 @@ def test_instance_labels_never_carry_url_credentials(tmp_path: Path) -> None:
 def test_overflow_name_must_not_collide_with_an_instance(tmp_path: Path) -> None:
     toml = (
         ARTICLE_TOML
-        + '[[instances]]\nurl = "http://127.0.0.1:8000"\n[overflow]\nurl = "http://127.0.0.1:8000"\n'
+        + '[[instances]]\nurl = "http://127.0.0.1:8000"\nname = "a"\n'
+        + '[overflow]\nurl = "http://127.0.0.1:8001"\nname = "a"\n'
     )
     with pytest.raises(ConfigError, match="must be unique"):
         load_settings(write(tmp_path, toml))
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000/v1"),
+        ("http://GPU-1:80", "http://gpu-1"),
+        ("https://user:pw@gpu-1", "https://gpu-1:443/"),
+    ],
+)
+def test_one_server_listed_twice_is_refused_whatever_its_names(first: str, second: str) -> None:
+    """Two entries for one server are two caps on one queue; an overflow that is a listed instance
+    lets traffic past that instance's cap."""
+    for doc in (
+        {"instances": [{"url": first, "name": "a"}, {"url": second, "name": "b"}]},
+        {"instances": [{"url": first}], "overflow": {"url": second}},
+    ):
+        with pytest.raises(ValueError, match="one server twice"):
+            Settings.model_validate(doc)
+    Settings.model_validate({"instances": [{"url": first}, {"url": "http://127.0.0.1:8009"}]})
 
 
 def test_instance_keys_are_trimmed_and_control_characters_refused() -> None:
