@@ -41,7 +41,8 @@ class GatewaySettings(Section):
 
     base_url: str = Field(
         default="http://127.0.0.1:8080",
-        description="Where clients reach the gateway; its path (e.g. /api) is also served as a prefix.",
+        description="Where clients reach the gateway (a trailing /v1 dropped); its path (e.g. /api) is "
+        "also served as a prefix.",
     )
     api_key_env: str = Field(default="TAOTOKEN_API_KEY", description="Env var holding the unified key.")
     admin_key_env: str | None = Field(
@@ -129,7 +130,8 @@ class GatewaySettings(Section):
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, v: str) -> str:
-        return check_base_url(v, "[gateway] base_url")
+        # As an instance's: an OpenAI client's base URL ends in /v1, where the gateway's routes are.
+        return check_base_url(v, "[gateway] base_url").removesuffix("/v1")
 
     @model_validator(mode="after")
     def _url_within_head(self) -> GatewaySettings:

@@ -318,3 +318,9 @@ def test_a_reload_names_the_settings_read_only_at_start() -> None:
         "[limits] store_timeout",
     ]
     assert old.restart_only_changes(Settings(gateway={"request_timeout": 900})) == []
+
+
+def test_a_gateway_base_url_given_as_an_openai_client_s_base_loses_its_v1() -> None:
+    """http://gw:8080/v1 would serve every route under /v1/v1 too, and tell clients to use it."""
+    assert Settings(gateway={"base_url": "http://gw:8080/v1"}).gateway.prefix == ""
+    assert Settings(gateway={"base_url": "http://gw:8080/api/v1/"}).gateway.prefix == "/api"
