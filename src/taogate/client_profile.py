@@ -18,12 +18,16 @@ __all__ = ["ClientProfile", "ClientRetry", "ClientSettings", "ClientTimeout", "V
 
 
 class ClientTimeout(Section):
-    connect: float = 10.0
-    read: float = 120.0
-    write: float = 30.0
+    connect: float = Field(default=10.0, gt=0)
+    read: float = Field(default=120.0, gt=0)
+    write: float = Field(default=30.0, gt=0)
 
 
 class ClientRetry(Section):
+    """Attempts per request; the backoff between them is the OpenAI SDK's own (0.5 s doubling to
+    8 s, these defaults), which its clients do not let a caller set: the two backoff keys are read
+    for the article's file and checked, not applied."""
+
     max_attempts: int = Field(default=3, ge=1)
     backoff_base: float = Field(default=0.5, ge=0)
     backoff_max: float = Field(default=8.0, ge=0)

@@ -324,3 +324,11 @@ def test_a_gateway_base_url_given_as_an_openai_client_s_base_loses_its_v1() -> N
     """http://gw:8080/v1 would serve every route under /v1/v1 too, and tell clients to use it."""
     assert Settings(gateway={"base_url": "http://gw:8080/v1"}).gateway.prefix == ""
     assert Settings(gateway={"base_url": "http://gw:8080/api/v1/"}).gateway.prefix == "/api"
+
+
+def test_a_client_timeout_of_zero_is_refused() -> None:
+    """A read timeout of 0 would time every client and bench request out."""
+    from taogate.client_profile import ClientSettings
+
+    with pytest.raises(ValueError, match="greater than 0"):
+        ClientSettings.model_validate({"taotoken": {"timeout": {"read": 0}}})
