@@ -9,6 +9,7 @@ file or given explicitly. A file that cannot be used is a ``ConfigError`` naming
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -104,6 +105,8 @@ def load_settings(
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             return (init_settings, env_settings, _DictSource(settings_cls, data))
 
+    if env := sorted(k for k in os.environ if k.upper().startswith("TAOGATE_")):
+        origin += f" + environment {', '.join(env)}"  # beats the files: a wrong value may be there
     try:
         loaded = _Loaded(**dict(overrides or {}))
     except ValidationError as exc:

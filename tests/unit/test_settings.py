@@ -332,3 +332,11 @@ def test_a_client_timeout_of_zero_is_refused() -> None:
 
     with pytest.raises(ValueError, match="greater than 0"):
         ClientSettings.model_validate({"taotoken": {"timeout": {"read": 0}}})
+
+
+def test_a_bad_value_from_the_environment_is_said_to_come_from_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TAOGATE_GATEWAY__PORT", "")
+    with pytest.raises(ConfigError, match="environment TAOGATE_GATEWAY__PORT"):
+        load_settings(write(tmp_path, ARTICLE_TOML))
