@@ -390,3 +390,22 @@ class Gateway:
         self.kv_events.sync()
         self.dispatcher.recheck()
         return added, removed
+
+
+def start_problems(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """What would stop a gateway starting with ``settings`` that the files alone do not show: keys
+    the environment must hold, the packages precise mode needs (``check-config`` says them)."""
+    checks: list[Callable[[], object]] = [
+        lambda: settings.api_key(environ),
+        lambda: KeyTable.from_settings(settings, environ, environ.get(settings.gateway.api_key_env) or "-"),
+        lambda: require_precise(settings),
+    ]
+    if settings.gateway.admin_key_env is not None:
+        checks.append(lambda: settings.admin_key(environ))
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return problems

@@ -133,6 +133,13 @@ class GatewaySettings(Section):
         # As an instance's: an OpenAI client's base URL ends in /v1, where the gateway's routes are.
         return check_base_url(v, "[gateway] base_url").removesuffix("/v1")
 
+    @field_validator("api_key_env", "admin_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must name an environment variable (leave admin_key_env out for none)")
+        return v
+
     @model_validator(mode="after")
     def _url_within_head(self) -> GatewaySettings:
         if self.max_url_bytes > self.max_header_bytes:
@@ -442,7 +449,7 @@ def expand_env(value: str, environ: Mapping[str, str]) -> str:
 
     def sub(m: re.Match[str]) -> str:
         name = m.group(1)
-        if name not in environ:
+        if not environ.get(name):  # set but empty is as good as unset: an empty key is refused
             raise ConfigError(f"{value!r} refers to ${{{name}}}, which is not set: export {name}=…")
         return environ[name]
 

@@ -31,6 +31,21 @@ def test_check_config_prints_effective_toml(tmp_path: Path) -> None:
     assert data["instances"][0]["url"] == "http://127.0.0.1:9"
 
 
+def test_check_config_says_what_serve_would_refuse_outside_the_files(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        '[gateway]\nadmin_key_env = "ADMIN_KEY"\n[[instances]]\nurl = "http://127.0.0.1:9"\n'
+        '[[keys]]\nname = "team-a"\nkey_env = "TEAM_A_KEY"\n'
+    )
+    result = runner.invoke(app, ["check-config", "--config", str(cfg)], env={"TAOTOKEN_API_KEY": "x"})
+    assert result.exit_code == 0, result.output
+    assert "key_env names TEAM_A_KEY, which is not set" in result.stderr
+    assert "admin_key_env names ADMIN_KEY, which is not set" in result.stderr
+    cfg.write_text('[gateway]\nadmin_key_env = ""\n')
+    result = runner.invoke(app, ["check-config", "--config", str(cfg)])
+    assert result.exit_code == 2 and "must name an environment variable" in result.output
+
+
 def test_check_config_refuses_a_misspelled_strategy(tmp_path: Path) -> None:
     cfg = tmp_path / "config.toml"
     cfg.write_text('[dispatch]\nstrategy = "leastbusy"\n')

@@ -340,3 +340,13 @@ def test_a_bad_value_from_the_environment_is_said_to_come_from_there(
     monkeypatch.setenv("TAOGATE_GATEWAY__PORT", "")
     with pytest.raises(ConfigError, match="environment TAOGATE_GATEWAY__PORT"):
         load_settings(write(tmp_path, ARTICLE_TOML))
+
+
+def test_a_reference_to_an_empty_variable_is_as_unset() -> None:
+    """settings.json's api_key = "${VAR}" with VAR set empty was an empty key: 401s, not an error."""
+    from taogate.settings import expand_env
+
+    assert expand_env("Bearer ${K}", {"K": "s3"}) == "Bearer s3"
+    for environ in ({}, {"K": ""}):
+        with pytest.raises(ConfigError, match=r"refers to \$\{K\}, which is not set"):
+            expand_env("${K}", environ)
