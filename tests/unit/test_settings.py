@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from taogate.client_profile import ClientSettings
 from taogate.config_files import load_settings, redacted_dump
 from taogate.settings import ConfigError, Settings, expand_env
 
@@ -328,8 +329,6 @@ def test_a_gateway_base_url_given_as_an_openai_client_s_base_loses_its_v1() -> N
 
 def test_a_client_timeout_of_zero_is_refused() -> None:
     """A read timeout of 0 would time every client and bench request out."""
-    from taogate.client_profile import ClientSettings
-
     with pytest.raises(ValueError, match="greater than 0"):
         ClientSettings.model_validate({"taotoken": {"timeout": {"read": 0}}})
 
@@ -344,8 +343,6 @@ def test_a_bad_value_from_the_environment_is_said_to_come_from_there(
 
 def test_a_reference_to_an_empty_variable_is_as_unset() -> None:
     """settings.json's api_key = "${VAR}" with VAR set empty was an empty key: 401s, not an error."""
-    from taogate.settings import expand_env
-
     assert expand_env("Bearer ${K}", {"K": "s3"}) == "Bearer s3"
     for environ in ({}, {"K": ""}):
         with pytest.raises(ConfigError, match=r"refers to \$\{K\}, which is not set"):
