@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from taogate.dispatch.types import Role, SchedulingPolicy
 from taogate.sections import Section, check_base_url
@@ -79,6 +79,15 @@ class InstanceSettings(Section):
                 "there), or tcp://*:PORT (vLLM binds, the gateway connects to the instance's host)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _two_endpoints(self) -> InstanceSettings:
+        if self.kv_events is not None and self.kv_events == self.kv_events_replay:
+            raise ValueError(
+                f"kv_events and kv_events_replay are both {self.kv_events!r}: the events and their "
+                "replay are two sockets (vLLM's defaults: tcp://*:5557 and tcp://*:5558)"
+            )
+        return self
 
     @field_validator("url")
     @classmethod

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from taogate.dispatch.blocks import publisher_binds
 from taogate.dispatch.types import STRATEGIES, Strategy
 from taogate.instance_settings import DiscoverySettings, InstanceSettings, server_of
 from taogate.key_settings import KeyList, LimitsSettings
@@ -334,6 +335,14 @@ class Settings(BaseSettings):
                     f"[[instances]] and [overflow] list one server twice, as {first} and {item.label} "
                     f"({item.url}): each entry is a server of its own, with a cap of its own. "
                     "Remove the repeat."
+                )
+        bound: dict[str, str] = {}
+        for item in listed:  # an endpoint the gateway binds (vLLM connects) serves one instance
+            ep = item.kv_events
+            if ep is not None and not publisher_binds(ep) and bound.setdefault(ep, item.label) != item.label:
+                raise ValueError(
+                    f"{bound[ep]} and {item.label} both give kv_events = {ep!r}, which the gateway "
+                    "binds: one socket would take both engines' events as one's. Give each its own port."
                 )
         dupes = sorted({n for n in labels if labels.count(n) > 1})
         if dupes:

@@ -347,3 +347,15 @@ def test_a_reference_to_an_empty_variable_is_as_unset() -> None:
     for environ in ({}, {"K": ""}):
         with pytest.raises(ConfigError, match=r"refers to \$\{K\}, which is not set"):
             expand_env("${K}", environ)
+
+
+def test_kv_event_sockets_are_one_per_purpose_and_per_instance() -> None:
+    one = {"url": "http://10.0.0.1:8000", "kv_events": "tcp://*:5557", "kv_events_replay": "tcp://*:5557"}
+    with pytest.raises(ValueError, match="two sockets"):
+        Settings.model_validate({"instances": [one]})
+    gateway_binds = "tcp://10.0.0.9:5557"  # vLLM connects, the gateway binds: one engine per socket
+    two = [{"url": f"http://10.0.0.{n}:8000", "kv_events": gateway_binds} for n in (1, 2)]
+    with pytest.raises(ValueError, match="Give each its own port"):
+        Settings.model_validate({"instances": two})
+    each_binds = [{"url": f"http://10.0.0.{n}:8000", "kv_events": "tcp://*:5557"} for n in (1, 2)]
+    Settings.model_validate({"instances": each_binds})  # each pod binds its own
