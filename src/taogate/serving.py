@@ -23,8 +23,8 @@ import uvicorn
 
 from taogate.connection_limits import ListenerLimits
 from taogate.errors import ErrorShape, openai_everywhere
+from taogate.gateway_settings import GatewaySettings
 from taogate.listener import protocol_class
-from taogate.settings import GatewaySettings
 
 #: How long an app's startup may take before ``serve_asgi`` gives up: a gateway's runs a DNS lookup
 #: and a probe round (15 s was seen to fall short against busy engines on the real tier), then

@@ -34,8 +34,8 @@ import yaml
 from taogate import __version__
 from taogate.build import BUILD
 from taogate.config_files import load_settings
+from taogate.gateway_settings import GatewaySettings
 from taogate.serving import bind_socket
-from taogate.settings import GatewaySettings
 from tests.conftest import missing, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from taogate.connection_limits import ListenerLimits
 from taogate.cycle import request_target
+from taogate.gateway_settings import GatewaySettings
 from taogate.listener import LimitedProtocol, protocol_class
 from taogate.serving import gateway_server_options, serve_asgi
-from taogate.settings import GatewaySettings
 
 #: Methods of uvicorn's protocol the subclass inherits and calls (the per-request ones are its own).
 USED_METHODS = (

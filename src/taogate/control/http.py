@@ -15,7 +15,7 @@ import ssl
 import httpx
 
 from taogate import h1
-from taogate.settings import GatewaySettings
+from taogate.gateway_settings import GatewaySettings
 
 __all__ = ["Fetcher", "control_client", "control_timeouts", "fetch_limits"]
 

@@ -20,10 +20,10 @@ from collections.abc import AsyncIterable, Coroutine, Sequence
 from typing import Any
 
 from taogate import h1
+from taogate.gateway_settings import GatewaySettings
 from taogate.proxy.auth import CREDENTIAL_HEADERS
 from taogate.proxy.priority import HEADER, VLLM_HEADER
 from taogate.proxy.retry import Failure, FailureKind
-from taogate.settings import GatewaySettings
 
 _FORWARDED_FOR = b"x-forwarded-for"
 #: Hop-by-hop headers (RFC 9110 §7.6.1) and those the relay recomputes; never forwarded either way.
