@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from taogate.client_profile import ClientSettings
 from taogate.config_files import load_settings, redacted_dump
+from taogate.control.discovery import discovered_specs
 from taogate.settings import ConfigError, Settings, expand_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,6 +283,11 @@ def test_instance_keys_are_trimmed_and_control_characters_refused() -> None:
     assert specs_from_settings(s, {"A_KEY": "  "})[0].api_key is None
     with pytest.raises(ConfigError, match="A_KEY holds a control character"):
         specs_from_settings(s, {"A_KEY": "sk-1\r\nx-evil: 1"})
+    # The discovered instances' key, the same way (a k8s secret ends in a newline).
+    found = Settings(discovery={"dns": "vllm.test", "api_key_env": "POD_KEY"})
+    assert discovered_specs(["10.0.0.1"], found.discovery, found, {"POD_KEY": "sk-2\n"})[0].api_key == "sk-2"
+    with pytest.raises(ConfigError, match="POD_KEY holds a control character"):
+        discovered_specs(["10.0.0.1"], found.discovery, found, {"POD_KEY": "sk\r\nx-evil: 1"})
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://*:5557", "tcp://[::]:5557"])

@@ -13,6 +13,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 
+from taogate.fleet.fleet import instance_key
 from taogate.fleet.instance import InstanceSpec
 from taogate.instance_settings import DiscoverySettings
 from taogate.settings import Settings
@@ -36,7 +37,7 @@ def discovered_specs(
     addresses: list[str], cfg: DiscoverySettings, settings: Settings, environ: Mapping[str, str]
 ) -> list[InstanceSpec]:
     """One spec per distinct address, in a stable order, named ``address:port``."""
-    key = environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    key = instance_key(environ, cfg.api_key_env, "[discovery]")
     out = []
     for addr in sorted(set(addresses), key=_sort_key):
         host = f"[{addr}]" if ":" in addr else addr

@@ -23,21 +23,34 @@ from taogate.settings import ConfigError, Settings
 log = logging.getLogger("taogate.fleet")
 
 
+#: Env vars already said to be unset (discovery asks at every change of its addresses).
+_UNSET_SAID: set[str] = set()
+
+
+def instance_key(environ: Mapping[str, str], var: str | None, who: str) -> str | None:
+    """An instance's own key from the env var ``var`` names, stripped of surrounding whitespace (a
+    secret mounted from a file ends in a newline); ConfigError for a control character inside (it
+    goes into a header line verbatim); None, said once, when the variable is unset or empty."""
+    if var is None:
+        return None
+    key = environ.get(var, "").strip() or None
+    if key is not None and not key.isprintable():
+        raise ConfigError(
+            f"{who}: {var} holds a control character; set it to the key alone (a trailing newline "
+            "from a file is stripped, inner ones are not)"
+        )
+    if key is None and var not in _UNSET_SAID:
+        _UNSET_SAID.add(var)
+        log.warning("%s: api_key_env %s is not set; sending no key", who, var)
+    return key
+
+
 def specs_from_settings(settings: Settings, environ: Mapping[str, str] | None = None) -> list[InstanceSpec]:
     """Resolve instance keys from their env vars; the overflow channel comes last."""
     env = os.environ if environ is None else environ
 
     def spec(item: InstanceSettings, overflow: bool) -> InstanceSpec:
-        key = env.get(item.api_key_env, "").strip() or None if item.api_key_env else None
-        if key is not None and not key.isprintable():  # it goes into a header line verbatim
-            raise ConfigError(
-                f"instance {item.label}: {item.api_key_env} holds a control character; set it to the "
-                "key alone (a trailing newline from a file is stripped, inner ones are not)"
-            )
-        if item.api_key_env and not key:
-            log.warning(
-                "instance %s: api_key_env %s is not set; sending no key", item.label, item.api_key_env
-            )
+        key = instance_key(env, item.api_key_env, f"instance {item.label}")
         return InstanceSpec(
             name=item.label,
             url=item.url,
