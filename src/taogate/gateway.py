@@ -16,7 +16,6 @@ outlives a config stays here and is carried into them by name (``_build``). What
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import random
@@ -315,9 +314,7 @@ class Gateway:
             )
             budget = RetryBudget(ratio=d.retry.budget_ratio, min_per_window=3, window=10.0)
         else:
-            accounting = dataclasses.replace(
-                previous.accounting, access=access, long_tag=settings.prefill.tag
-            )
+            accounting = previous.accounting.reloaded(access, settings.prefill.tag)
             budget = previous.budget.reloaded(d.retry.budget_ratio)
         policy = self.dispatcher.policy
         if previous is not None and previous.settings.dispatch.policy_key != d.policy_key:

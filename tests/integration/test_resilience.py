@@ -299,6 +299,9 @@ async def test_reload_under_load_fails_no_request(gateway_factory: GatewayFactor
         assert await load == [200] * 150
         await wait_for(lambda: g.fleet.all_inflight() == 0)
         assert_nothing_leaked(gw)
+        learning = g.accounting._learning
+        g.reload(original)
+        assert g.accounting._learning is learning  # when each model last calibrated, kept
 
 
 async def test_a_removed_instance_s_last_answer_teaches_no_speed(gateway_factory: GatewayFactory) -> None:

@@ -7,7 +7,7 @@ one structured log line. Nothing here runs inside the dispatch decision.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from taogate.dispatch.calibration import TokenEstimator
 from taogate.dispatch.speed import SpeedEstimator
@@ -35,6 +35,12 @@ class Accounting:
 
     def __post_init__(self) -> None:
         self._learning = Learning(self.tokens, self.speeds, self.clock)
+
+    def reloaded(self, access: AccessLog, long_tag: str) -> Accounting:
+        """A new config's accounting, with this one's learning (when each model last calibrated)."""
+        new = replace(self, access=access, long_tag=long_tag)
+        new._learning = self._learning
+        return new
 
     def learn(self, rec: RequestRecord, facts: RequestFacts, size: PromptSize, lease: Lease) -> None:
         """Calibrate the token estimate and the instance's speed from a successful response."""
