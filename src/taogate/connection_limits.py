@@ -2,10 +2,10 @@
 
 ``ListenerLimits`` bounds a request's head (URL, fields, bytes, time) and the number of open
 connections. A head past a bound is refused with a ``Reject`` (its status and error code), in the
-error shape of the API its path belongs to; the
-connections of one server share a ``ConnectionCensus``: which are idle (oldest first) and which
-are lingering after a refusal, so that a newcomer past the cap can take the place of one of them,
-and the warnings, logged at most every few seconds per kind.
+error shape of the API its path belongs to. The connections of one server share a
+``ConnectionCensus``: which are idle (oldest first) and which are lingering after a refusal, so
+that a newcomer past the cap can take the place of one of them, and the warnings, logged at most
+every few seconds per kind.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Dispatcher:
         self._waiters: FairOrder[_Waiter] = FairOrder(oldest_every, self.fair)
         self._arrivals = itertools.count()
         self._drain = DrainRate()
-        self._closed: GatewayError | None = None  # ``fail_all``'s: later waiters get it at once
+        self._closed: GatewayError | None = None  # ``fail_all``'s: nothing is sent or queued after it
 
     @property
     def rules(self) -> QueueRules:
