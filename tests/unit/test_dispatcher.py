@@ -19,7 +19,7 @@ from taogate.instance_settings import InstanceSettings
 from taogate.settings import Settings
 
 
-def _untimed(seconds: float) -> None:
+def untimed(seconds: float) -> None:
     """A queue wait nobody records."""
 
 
@@ -43,7 +43,7 @@ async def test_a_timed_out_waiter_that_won_the_slot_keeps_it() -> None:
     got = d.try_acquire(FACTS)
     assert got is not None
     held = got[0]
-    waiter = asyncio.create_task(d.wait_for_slot(FACTS, frozenset(), _untimed))
+    waiter = asyncio.create_task(d.wait_for_slot(FACTS, frozenset(), untimed))
     await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
     loop.call_later(0.01, held.release)
@@ -60,7 +60,7 @@ async def test_a_cancelled_waiter_gives_a_handed_over_slot_back() -> None:
     got = d.try_acquire(FACTS)
     assert got is not None
     held = got[0]
-    waiter = asyncio.create_task(d.wait_for_slot(FACTS, frozenset(), _untimed))
+    waiter = asyncio.create_task(d.wait_for_slot(FACTS, frozenset(), untimed))
     await asyncio.sleep(0)
     held.release()  # hands the slot to the waiter...
     waiter.cancel()  # ...whose client goes away in the same turn
@@ -161,7 +161,7 @@ async def test_a_sheddable_request_is_refused_where_it_would_wait() -> None:
     got = d.try_acquire(FACTS)
     assert got is not None
     with pytest.raises(Overloaded) as shed:
-        await d.wait_for_slot(FACTS, frozenset(), _untimed, shed=True)
+        await d.wait_for_slot(FACTS, frozenset(), untimed, shed=True)
     assert shed.value.code == "shed" and shed.value.status == 429 and shed.value.retry_after
     assert d.queued == 0  # it never joined the queue
     got[0].release()
@@ -185,8 +185,8 @@ async def test_a_waiter_whose_instances_went_away_is_refused_at_once() -> None:
     wants_a, wants_b = (RequestFacts(model=m, prompt_tokens=10, long=False) for m in ("A", "B"))
     held = [d.try_acquire(wants_a), d.try_acquire(wants_b)]
     assert all(h is not None for h in held)
-    first = asyncio.create_task(d.wait_for_slot(wants_a, frozenset(), _untimed))
-    second = asyncio.create_task(d.wait_for_slot(wants_b, frozenset(), _untimed))
+    first = asyncio.create_task(d.wait_for_slot(wants_a, frozenset(), untimed))
+    second = asyncio.create_task(d.wait_for_slot(wants_b, frozenset(), untimed))
     await asyncio.sleep(0)
     b = fleet.get("b")
     while b.up:
@@ -208,13 +208,13 @@ async def test_after_the_drain_began_nothing_more_is_sent_or_queued() -> None:
     fleet, d = one_slot_fleet(queue_timeout=5.0)
     got = d.try_acquire(FACTS)
     assert got is not None
-    early = asyncio.create_task(d.wait_for_slot(FACTS, frozenset(), _untimed))
+    early = asyncio.create_task(d.wait_for_slot(FACTS, frozenset(), untimed))
     await asyncio.sleep(0)
     d.fail_all(NoInstance("The gateway is shutting down."))
     with pytest.raises(NoInstance, match="shutting down"):
         await early
     with pytest.raises(NoInstance, match="shutting down"):
-        await d.wait_for_slot(FACTS, frozenset(), _untimed)
+        await d.wait_for_slot(FACTS, frozenset(), untimed)
     assert d.queued == 0
     got[0].release()
     with pytest.raises(NoInstance, match="shutting down"):  # a retry out of its backoff, a slot free

@@ -19,11 +19,7 @@ from taogate.fleet.priority import WaitOrder
 from taogate.proxy.multipart import FormHead
 from taogate.proxy.priority import priority_of, resolve
 from taogate.proxy.splice import with_fields
-from tests.unit.test_dispatcher import one_slot_fleet
-
-
-def _untimed(seconds: float) -> None:
-    """A queue wait nobody records."""
+from tests.unit.test_dispatcher import one_slot_fleet, untimed
 
 
 def test_the_class_comes_from_x_priority_then_x_vllm_priority_then_the_body() -> None:
@@ -119,7 +115,7 @@ async def serve_in_turn(
 
 async def queue(d: Dispatcher, name: str, priority: int, into: dict[str, asyncio.Task[object]]) -> None:
     facts = RequestFacts(None, 10, False, priority=priority)
-    into[name] = asyncio.ensure_future(d.wait_for_slot(facts, frozenset(), _untimed))
+    into[name] = asyncio.ensure_future(d.wait_for_slot(facts, frozenset(), untimed))
     await asyncio.sleep(0)
 
 
