@@ -195,17 +195,6 @@ class Settings(BaseSettings):
         if self.overflow is not None:
             labels.append(self.overflow.label)
         listed = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
-        seen: dict[tuple[str, str, int | None, str], str] = {}
-        for item in listed:  # one server twice is two caps on one queue (or overflow past the cap)
-            server = server_of(item.url)
-            first = seen.get(server)
-            seen.setdefault(server, item.label)
-            if first is not None:
-                raise ValueError(
-                    f"[[instances]] and [overflow] list one server twice, as {first} and {item.label} "
-                    f"({item.url}): each entry is a server of its own, with a cap of its own. "
-                    "Remove the repeat."
-                )
         bound: dict[str, str] = {}
         for item in listed:  # an endpoint the gateway binds (vLLM connects) serves one instance
             ep = item.kv_events
@@ -218,7 +207,7 @@ class Settings(BaseSettings):
         if dupes:
             raise ValueError(
                 f"[[instances]] and [overflow] names must be unique; repeated: {', '.join(dupes)} "
-                "(give them distinct `name`s)"
+                "(one server listed twice: remove the repeat; two servers: give them distinct `name`s)"
             )
         return self
 
@@ -288,6 +277,19 @@ class Settings(BaseSettings):
     def warnings(self) -> list[str]:
         """Problems that do not stop the gateway but will hurt long prefills."""
         out: list[str] = []
+        seen: dict[tuple[str, str, int | None, str], str] = {}
+        listed = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
+        for item in listed:  # two caps on one queue, or overflow past a listed instance's cap
+            server = server_of(item.url)
+            first = seen.get(server)
+            if first is None:
+                seen[server] = item.label
+            else:
+                out.append(
+                    f"[[instances]] and [overflow] list one server twice, as {first} and {item.label} "
+                    f"({item.url}): each entry is capped on its own, so that server may hold both "
+                    "caps at once. Remove the repeat unless that is meant (a test of one server)."
+                )
         if self.gateway.request_timeout < MIN_SAFE_READ_TIMEOUT:
             out.append(
                 f"[gateway] request_timeout = {self.gateway.request_timeout:g}s is under "

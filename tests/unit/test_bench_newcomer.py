@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import pytest
-import typer
 from rich.console import Console
 
 from taogate.bench.demo import DEMO_SCENARIOS, Answer, rule_line
@@ -80,10 +78,9 @@ def test_instance_flags_keep_the_names_the_config_gives_them(tmp_path: Path) -> 
     assert fleet == [("http://10.0.0.1:8000", "gpu-a")]
     assert dispatch is not None and dispatch.max_queue_per_instance == 12  # what diagnose's run A uses
     assert _fleet(None, None, ["http://10.0.0.1:8000"])[1] is None  # no file read: diagnose's defaults
-    flags = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000"]
+    flags = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000", "http://10.0.0.1:8000"]
     assert _fleet(config, None, flags)[0] == [
         ("http://10.0.0.1:8000", "gpu-a"),
         ("http://10.0.0.2:8000", "10.0.0.2:8000"),
+        ("http://10.0.0.1:8000", "10.0.0.1:8000#2"),
     ]
-    with pytest.raises(typer.Exit):  # one server twice: said, as the gateway's config says it
-        _fleet(config, None, [*flags, "http://10.0.0.1:8000"])

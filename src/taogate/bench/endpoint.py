@@ -70,7 +70,6 @@ def _fleet(
     when no file was read)."""
     from taogate.bench.report import instance_labels
     from taogate.config_files import load_settings
-    from taogate.instance_settings import server_of
     from taogate.settings import ConfigError
 
     configured: list[tuple[str, str]] = []
@@ -84,11 +83,12 @@ def _fleet(
     if not urls:
         return configured, dispatch
     bases = [u.rstrip("/").removesuffix("/v1") for u in urls]
-    servers = [server_of(u) for u in bases]
-    if twice := next((u for k, u in enumerate(bases) if servers[k] in servers[:k]), None):
-        raise fail(f"--instance names one server twice ({twice}): each instance is a server of its own")
     named = dict(configured)
-    return [(u, named.get(u, n)) for u, n in zip(bases, instance_labels(bases), strict=True)], dispatch
+    # A URL given twice (one server as a fleet of two) keeps host:port#2 for its second use.
+    return [
+        (u, named.get(u, n) if "#" not in n else n)
+        for u, n in zip(bases, instance_labels(bases), strict=True)
+    ], dispatch
 
 
 def resolve_endpoint(
