@@ -80,6 +80,9 @@ async def test_get_cancel_and_delete_reach_the_owner_and_its_answer_is_relayed(
         for _ in range(4):  # never a miss on the other instance
             got = await http.get(f"{gw.url}/api/v1/responses/{rid}", headers=AUTH)
             assert got.status_code == 200 and got.headers["x-taogate-instance"] == owner
+        encoded = await http.get(f"{gw.url}/v1/%72esponses/{rid}", headers=AUTH)  # routed decoded
+        assert encoded.status_code == 200 and encoded.headers["x-taogate-instance"] == owner
+        assert encoded.json()["id"] == rid
         cancel = await http.post(f"{gw.url}/v1/responses/{rid}/cancel", headers=AUTH)
         assert cancel.status_code == 400 and cancel.headers["x-taogate-instance"] == owner
         assert cancel.json()["error"]["message"] == "Cannot cancel a synchronous response."

@@ -3,14 +3,15 @@ path a stored response is asked for upstream."""
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taogate.errors import BadRequest
-from taogate.proxy.forward import item_id, upstream_path
+from taogate.errors import BadRequest, NotFound
+from taogate.proxy.forward import stored_item
 from taogate.proxy.responses import MAX_ID_BYTES, ResponseIds, checked_id
-from taogate.proxy.routes import RESPONSE_ITEM
 
 
 class Clock:
@@ -51,14 +52,27 @@ def test_a_chosen_id_is_bounded_in_bytes() -> None:
         assert caught.value.code == "invalid_request_id"
 
 
-def test_a_stored_response_s_path_loses_the_gateway_s_prefix_but_never_its_own_v1() -> None:
-    def scope(raw: bytes, query: bytes = b"") -> dict[str, object]:
-        return {"path": raw.decode(), "raw_path": raw, "query_string": query}
+def _scope(raw: bytes, query: bytes = b"") -> dict[str, object]:
+    return {"path": unquote(raw.decode()), "raw_path": raw, "query_string": query}
 
+
+def test_a_stored_response_s_path_loses_the_gateway_s_prefix_but_never_its_own_v1() -> None:
     plain = b"/v1/responses/resp_a"
     for prefix in ("", "/api", "/v1"):  # base_url = http://gw:8080/v1 gives a prefix of /v1
-        assert upstream_path(RESPONSE_ITEM, scope(plain), prefix) == plain, prefix
-    assert upstream_path(RESPONSE_ITEM, scope(b"/v1" + plain), "/v1") == plain
-    assert upstream_path(RESPONSE_ITEM, scope(b"/v1/responses" + plain), "/v1/responses") == plain
-    cancel = upstream_path(RESPONSE_ITEM, scope(b"/api/v1/responses/resp_a/cancel", b"x=1"), "/api")
-    assert cancel == b"/v1/responses/resp_a/cancel?x=1" and item_id(cancel) == "resp_a"
+        assert stored_item(_scope(plain), prefix) == ("resp_a", plain), prefix
+    assert stored_item(_scope(b"/v1" + plain), "/v1") == ("resp_a", plain)
+    assert stored_item(_scope(b"/v1/responses" + plain), "/v1/responses") == ("resp_a", plain)
+    cancel = stored_item(_scope(b"/api/v1/responses/resp_a/cancel"), "/api")
+    assert cancel == ("resp_a", b"/v1/responses/resp_a/cancel")
+
+
+def test_a_stored_response_s_path_is_read_as_it_was_routed_decoded_and_its_id_goes_as_sent() -> None:
+    assert stored_item(_scope(b"/v1/%72esponses/resp_a"), "") == ("resp_a", b"/v1/responses/resp_a")
+    assert stored_item(_scope(b"/%61pi/v1/responses/r%5Fa/%63ancel"), "/api") == (
+        "r_a",
+        b"/v1/responses/r%5Fa/%63ancel",
+    )
+    assert stored_item(_scope(b"/v1/responses/a%2Fb"), "") == ("a/b", b"/v1/responses/a%2Fb")
+    for path in (b"/v1/responses/", b"/v1/responses/a/b", b"/v1/responses//cancel", b"/v1%2Fresponses/a"):
+        with pytest.raises(NotFound):
+            stored_item(_scope(path), "")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -244,7 +245,8 @@ class Admission:
         up = upstream_headers(plain, request_id=rid, tag=incoming.tag)
         path_only, _, query = path.partition("?")
         scope = {
-            "path": path_only,
+            "path": unquote(path_only),
+            "raw_path": path_only.encode("latin-1"),  # Envoy's :path, percent-encoded as sent
             "query_string": query.encode(),
             "method": method,
             "headers": plain,

@@ -24,7 +24,7 @@ from taogate.proxy.routes import RESPONSE_ITEM_PREFIX, Route
 from taogate.proxy.splice import with_fields
 from taogate.proxy.upstream import downstream_headers
 
-__all__ = ["Forward", "chosen_request_id", "item_id", "plan", "upstream_path"]
+__all__ = ["Forward", "chosen_request_id", "plan", "stored_item"]
 
 
 @dataclass(init=False, slots=True)
@@ -113,32 +113,24 @@ class Forward:
             self.ids.remember(self.chosen_id, instance)
 
 
-_ITEM_PREFIX = RESPONSE_ITEM_PREFIX.encode()
+_ITEM_HEAD = RESPONSE_ITEM_PREFIX.strip("/").split("/")  # ["v1", "responses"]
 
 
-def upstream_path(route: Route, scope: dict[str, Any], prefix: str) -> bytes:
-    """The path upstream: the route's, or for a stored response the request's own as the client
-    sent it, still percent-encoded (less the gateway's prefix where it comes before the plain
-    path: a prefix of ``/v1`` serves ``/v1/responses/{id}`` as it is); the query string goes
-    along."""
-    if route.body == "none":
-        out = scope.get("raw_path") or quote(scope["path"]).encode()
-        if prefix and out.startswith(prefix.encode() + _ITEM_PREFIX):
-            out = out[len(prefix) :]
-    else:
-        out = route.upstream_path
-    query: bytes = scope.get("query_string", b"")
-    return out + b"?" + query if query else out
-
-
-def item_id(path: bytes) -> str:
-    """The response id of ``/v1/responses/{id}`` or ``.../{id}/cancel`` (percent-encoded, as
-    ``upstream_path`` leaves it); NotFound for other paths."""
-    rest = path.split(b"?", 1)[0].decode("latin-1")[len(RESPONSE_ITEM_PREFIX) :]
-    parts = [unquote(part) for part in rest.split("/")]
-    if not parts[0] or len(parts) > 2 or (len(parts) == 2 and parts[1] != "cancel"):
-        raise NotFound(f"Unknown path {RESPONSE_ITEM_PREFIX}{unquote(rest)}.")
-    return parts[0]
+def stored_item(scope: dict[str, Any], prefix: str) -> tuple[str, bytes]:
+    """The response id of ``/v1/responses/{id}`` or ``.../{id}/cancel``, under the gateway's
+    ``prefix`` or not, and that path upstream without the prefix. Segments are compared decoded, as
+    the route was matched (``%72esponses`` is ``responses``); the id's segment and what follows go
+    upstream as the client encoded them. NotFound for other paths."""
+    raw = scope.get("raw_path") or quote(scope["path"]).encode()
+    raw_parts = raw.decode("latin-1").split("/")
+    parts = [unquote(part) for part in raw_parts]
+    heads = [["", *prefix.strip("/").split("/"), *_ITEM_HEAD]] if prefix else []
+    for head in [*heads, ["", *_ITEM_HEAD]]:
+        rest = parts[len(head) :]
+        if parts[: len(head)] == head and rest and rest[0] and rest[1:] in ([], ["cancel"]):
+            path = RESPONSE_ITEM_PREFIX + "/".join(raw_parts[len(head) :])
+            return rest[0], path.encode("latin-1")
+    raise NotFound(f"Unknown path {scope['path']}.")
 
 
 def chosen_request_id(payload: dict[str, Any]) -> str | None:
@@ -159,7 +151,14 @@ def plan(
 ) -> tuple[Forward, frozenset[str]]:
     """The request's upstream side, and the instances it must not go to (all but the one that holds
     the stored response it is about, when there is one)."""
-    path = upstream_path(route, scope, prefix)
+    item: str | None = None
+    if route.body == "none":
+        item, path = stored_item(scope, prefix)
+    else:
+        path = route.upstream_path
+    query: bytes = scope.get("query_string", b"")
+    if query:
+        path += b"?" + query
     # Unless the client asked for the report itself (a list of names: cheaper than a generator).
     ask_load = route.generates and not incoming.facts.stream and LOAD_REPORT[0] not in [k for k, _ in headers]
     body: bytes | StreamedBody = incoming.body
@@ -179,9 +178,9 @@ def plan(
     )
     owner: str | None = None
     instances: list[str] = []
-    if route.body == "none":
+    if item is not None:
         instances = [i.name for i in fleet]
-        owner = ids.owner(item_id(path), instances)
+        owner = ids.owner(item, instances)
     elif route.kind == "responses" and incoming.payload is not None:
         payload = incoming.payload
         previous = payload.get("previous_response_id")
