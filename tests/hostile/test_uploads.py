@@ -4,7 +4,10 @@ within ``body_timeout``, like any body: a 408, the slot and the connection given
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -13,7 +16,18 @@ import httpx
 import pytest
 
 from tests.hostile.attacks import BOUNDARY, FILE_START, MODEL_FIELD, stalled_upload, swallow
-from tests.hostile.helpers import AUTH, MODEL, beside, gateway, head_and_body, in_thread, status_of
+from tests.hostile.helpers import (
+    AUTH,
+    MODEL,
+    answer_json,
+    beside,
+    gateway,
+    head_and_body,
+    hostile_request,
+    in_thread,
+    read_all,
+    status_of,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -85,3 +99,39 @@ async def test_a_form_whose_boundary_the_parser_refuses_is_the_instance_s_to_ans
         for boundary in ("b" * 70, "b" * 257):
             answer = await in_thread(_form, gw.url, boundary)
             assert answer.status_code != 500 and "x-taogate-instance" in answer.headers, answer.text
+
+
+def _upload_after(url: str, pause: float) -> bytes:
+    """A form sent as a client on a slow link sends it: its head at once, the rest ``pause`` s later."""
+    head, rest = MODEL_FIELD + FILE_START, "a" * 1000 + f"\r\n--{BOUNDARY}--\r\n"
+    start = (
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nhost: x\r\n"
+        f"authorization: {AUTH['authorization']}\r\ncontent-length: {len(head) + len(rest)}\r\n"
+        f"content-type: multipart/form-data; boundary={BOUNDARY}\r\nconnection: close\r\n\r\n"
+    )
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall((start + head).encode())
+        time.sleep(pause)
+        sock.sendall(rest.encode())
+        return read_all(sock)
+
+
+async def test_an_upload_s_wait_in_the_gateway_queue_is_not_counted_against_its_body_timeout() -> None:
+    """The instance's one slot is held for 2 s: the upload waits 1.7 s in the queue, more than its
+    1.5 s body timeout, then reads its rest. Only the waits for the client's bytes count (0.8 s)."""
+
+    def answer(sock: socket.socket, head: bytes, body: bytes) -> None:
+        if head.startswith(b"POST /v1/completions"):
+            time.sleep(2.0)
+        sock.sendall(answer_json())
+
+    sections: dict[str, Any] = {"gateway": {"body_timeout": 1.5}, "dispatch": {"max_queue_per_instance": 1}}
+    async with gateway(answer, **sections) as (gw, scripted), httpx.AsyncClient(timeout=30) as http:
+        held = http.post(gw.url + "/v1/completions", json=hostile_request(), headers=AUTH)
+        holder = asyncio.create_task(held)
+        await asyncio.sleep(0.3)
+        uploaded = await in_thread(_upload_after, gw.url, 2.5)
+        assert (await holder).status_code == 200
+    assert status_of(uploaded) == 200, uploaded[:300]
+    assert scripted is not None and len(scripted.heads) == 2

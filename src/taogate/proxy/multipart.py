@@ -5,9 +5,10 @@ writes the data fields before the file, so ``model`` is usually there within the
 bytes. Reading stops at the first file part (or after ``HEAD_LIMIT`` bytes); a form whose ``model``
 comes after its file is dispatched without one, as vLLM then serves its default model.
 
-The whole body, head and rest, is due ``body_timeout`` after the gateway starts reading it: every
-read from the client is bounded by that deadline, whoever consumes the body (the form's head before
-dispatch, the upload to the instance after), so a stalled client holds no slot for longer.
+The gateway waits at most ``body_timeout`` in all for the client's bytes, whoever reads them (the
+form's head before dispatch, the upload to the instance after), so a stalled client holds no slot
+for longer. Only those waits count: not the time the request spent in the gateway queue, nor the
+instance's own pace in taking the upload.
 """
 
 from __future__ import annotations
@@ -126,25 +127,29 @@ class StreamedBody:
     """A request body sent upstream as it arrives: the head read before dispatch, then the rest.
 
     ``started`` once an attempt began sending it (another attempt cannot send it again);
-    ``done`` once the client's last byte has been read. All of it is due ``within`` seconds after
-    it is created: a read past that raises ``RequestTimeout``."""
+    ``done`` once the client's last byte has been read. Its reads may wait ``within`` seconds in
+    all for the client: past that, ``RequestTimeout``."""
 
     def __init__(self, receive: Receive, limit: int, within: float) -> None:
         self._receive = receive
         self._limit = limit
         self._within = within
-        self._due = asyncio.get_running_loop().time() + within
+        self._left = within  # of the seconds the reads may still wait for the client
+        self._loop = asyncio.get_running_loop()
         self._size = 0
         self._head: list[bytes] = []
         self.started = False
         self.done = False
 
     async def _read(self) -> bytes:
+        started = self._loop.time()
         try:
-            async with asyncio.timeout_at(self._due):
+            async with asyncio.timeout(self._left):
                 message = await self._receive()
         except TimeoutError:
             raise late(self._within) from None
+        finally:
+            self._left -= self._loop.time() - started
         if message["type"] == "http.disconnect":
             raise ClientLeft
         chunk: bytes = message.get("body", b"")
