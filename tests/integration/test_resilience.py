@@ -86,7 +86,7 @@ async def test_a_hung_instance_is_failed_over_then_ejected(gateway_factory: Gate
         assert gw.fleet.instances[0].stats()["requests_seen"] == 2  # the breaker keeps new work away
         async with httpx.AsyncClient() as h:
             metrics = (await h.get(gw.url + "/metrics")).text
-        assert 'taogate_retries_total{reason="read_timeout"}' in metrics
+        assert 'taogate_retries_total{instance="i0",reason="read_timeout"}' in metrics
         assert_nothing_leaked(gw)
 
 

@@ -115,14 +115,14 @@ class GatewayMetrics:
         )
         self.retries = PlainCounter(
             "taogate_retries",
-            "Attempts retried on another instance, by reason of the failed attempt.",
-            ["reason"],
+            "Attempts retried on another instance, by the failed attempt's instance and reason.",
+            ["instance", "reason"],
             registry=registry,
         )
         self.retries_denied = PlainCounter(
             "taogate_retries_denied",
-            "Failed attempts not retried: attempts exhausted or retry budget spent.",
-            ["reason"],
+            "Failed attempts not retried (attempts exhausted, budget spent), by instance and reason.",
+            ["instance", "reason"],
             registry=registry,
         )
         self.decisions = PlainCounter(

@@ -244,7 +244,7 @@ class Pipeline:
                 return
             except AttemptFailure as failure:
                 rec.retries += 1
-                self.metrics.retries.labels(failure.reason).inc()
+                self.metrics.retries.labels(failure.instance, failure.reason).inc()
                 self.accounting.attempt_failed(lease.instance, failure.blame)
                 rec.instance = None  # what ends the request (a refusal, say) is not this instance's
                 log.info(
@@ -276,7 +276,7 @@ class Pipeline:
             self.events.request_failed(inst)
         ex.rec.error = verdict.reason
         if verdict.denied:
-            self.metrics.retries_denied.labels(verdict.reason).inc()
+            self.metrics.retries_denied.labels(inst.name, verdict.reason).inc()
         if verdict.next is Next.RETRY:
             self.budget.try_spend(self.clock())
         return verdict
