@@ -333,6 +333,26 @@ async def test_the_emulator_speaks_vllms_wire(vllm_pair: Pair) -> None:
     assert not stale, f"listed differences that are gone (drop them): {stale}"
 
 
+async def test_claude_code_s_billing_header_is_out_of_the_prompt_as_in_vllm(vllm_pair: Pair) -> None:
+    """vLLM leaves the per-request billing block out of the prompt (it would defeat prefix caching);
+    the gateway's dispatch reads the body so, and the emulator counts it so."""
+    system = [{"type": "text", "text": "Be brief."}]
+    plain = {"model": SERVED_MODEL, "system": system, "messages": CHAT["messages"]}
+    billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.80; cch=1a2b3;"}
+    billed = {**plain, "system": [billing, *system]}
+    async with (
+        run_fleet([emulated_like_the_real_card()]) as fleet,
+        httpx.AsyncClient(timeout=60, trust_env=False) as http,
+    ):
+        for url in (vllm_pair.fast.url, fleet.urls[0]):
+            counts = []
+            for body in (plain, billed):
+                answer = await http.post(url + "/v1/messages/count_tokens", json=body)
+                assert answer.status_code == 200, answer.text
+                counts.append(answer.json()["input_tokens"])
+            assert counts[0] == counts[1], (url, counts)
+
+
 def _shape(value: object) -> object:
     """A KV-events value's shape: dict keys with their shapes, a list's first item's, a scalar's type."""
     if isinstance(value, dict):

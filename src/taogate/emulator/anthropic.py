@@ -2,7 +2,8 @@
 request is turned into a chat completion, and the chat answer (JSON, or its SSE chunks) into the
 Anthropic shapes as they come.
 
-What matches vLLM: the message ``id`` is the chat completion's; usage counts
+What matches vLLM: Claude Code's billing-header system block is left out of the prompt; the
+message ``id`` is the chat completion's; usage counts
 ``input_tokens = prompt - cached`` with ``cache_read_input_tokens`` only where the chat usage has
 cache details; a stream is ``event:``/``data:`` pairs, ``message_start`` (the full prompt as
 ``input_tokens``), one text block, ``message_delta`` with the final usage, ``message_stop``; no
@@ -53,6 +54,21 @@ def _block_text(block: object) -> str:
     return ""
 
 
+#: Claude Code's per-request system block, which vLLM leaves out of the prompt.
+_BILLING = "x-anthropic-billing-header"
+
+
+def _is_billing(block: object) -> bool:
+    return str(block.get("text", "") if isinstance(block, dict) else block).startswith(_BILLING)
+
+
+def _system_text(value: object) -> str:
+    """System text as vLLM joins it, without the billing header's blocks."""
+    if isinstance(value, list):
+        return "".join(_block_text(b) for b in value if not _is_billing(b))
+    return "" if _is_billing(value) else _text(value)
+
+
 def to_chat(payload: dict[str, Any], *, counting: bool = False) -> dict[str, Any]:
     """The chat request vLLM converts a Messages request into (the fields the emulator acts on)."""
     model = payload.get("model")
@@ -62,12 +78,17 @@ def to_chat(payload: dict[str, Any], *, counting: bool = False) -> dict[str, Any
     if not isinstance(messages, list):
         raise bad_request("1 validation error:\n  Field required: messages", "body.messages")
     chat: list[dict[str, Any]] = []
-    system = payload.get("system")
+    system = _system_text(payload.get("system"))
     if system:
-        chat.append({"role": "system", "content": _text(system)})
+        chat.append({"role": "system", "content": system})
     for msg in messages:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise bad_request("1 validation error:\n  Invalid message", "body.messages")
+        if msg["role"] == "system":
+            inline = _system_text(msg.get("content"))
+            if inline:
+                chat.append({"role": "system", "content": inline})
+            continue
         chat.append({"role": msg["role"], "content": _text(msg.get("content"))})
     out: dict[str, Any] = {"model": model, "messages": chat}
     if counting:

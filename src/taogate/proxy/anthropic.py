@@ -2,8 +2,10 @@
 body read as a chat conversation for dispatch.
 
 vLLM serves ``/v1/messages`` by converting it to a chat completion, so the gateway weighs it the
-same way: the system blocks become a leading system message, and blocks that are not text (tool
-calls, tool results, thinking) are counted as the text the chat template renders them into.
+same way: the system blocks become a leading system message (without Claude Code's per-request
+billing header, as vLLM strips it), blocks that are not text (tool calls, tool results, thinking)
+are counted as the text the chat template renders them into, images as images wherever they are,
+and blocks vLLM drops (documents, redacted thinking) not at all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from mypy_extensions import mypyc_attr
 from taogate.dispatch.tokens import MAX_ITEMS
 from taogate.errors import ErrorShape, GatewayError
 
-__all__ = ["ANTHROPIC_ERRORS", "AnthropicErrors", "chat_view", "usage_counts"]
+__all__ = ["ANTHROPIC_ERRORS", "BILLING_HEADER", "AnthropicErrors", "chat_view", "usage_counts"]
 
 #: Anthropic's error ``type`` for each status the gateway answers with; the SDK picks its exception
 #: class from the status alone, the type fills ``e.type``.
@@ -87,6 +89,18 @@ def _text_of(value: object) -> str:
     return orjson.dumps(value).decode() if value is not None else ""
 
 
+#: Claude Code's first system block: a per-request hash that vLLM strips (it would defeat caching).
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _is_billing(block: object) -> bool:
+    text = block.get("text") if isinstance(block, Mapping) else block
+    return isinstance(text, str) and text.startswith(BILLING_HEADER)
+
+
+_TEXT = {"type": "text"}  # a part's type
+
+
 class _View:
     """Converts blocks while its budget of ``MAX_ITEMS`` lasts (as the chat measure reads at most
     that many items); what comes after is left as it is, for the measure to extrapolate over."""
@@ -96,39 +110,74 @@ class _View:
     def __init__(self) -> None:
         self.left = MAX_ITEMS
 
-    def blocks(self, content: list[Any]) -> list[Any]:
+    def _take(self, content: list[Any]) -> int:
         take = max(0, min(len(content), self.left))
         self.left -= take
-        return [self.block(b) for b in content[:take]] + content[take:]
+        return take
 
-    def block(self, block: object) -> object:
-        """One content block as the chat part it is rendered as."""
+    def system(self, system: object) -> object:
+        """System text as vLLM joins it: text blocks only, Claude Code's billing header left out."""
+        if isinstance(system, str):
+            return None if _is_billing(system) else system
+        if not isinstance(system, list):
+            return None
+        take = self._take(system)
+        text = "".join(
+            b["text"]
+            for b in system[:take]
+            if isinstance(b, Mapping) and b.get("type") == "text" and isinstance(b.get("text"), str)
+            if not _is_billing(b)
+        )
+        if take < len(system):
+            return [{**_TEXT, "text": text}, *system[take:]]
+        return text or None
+
+    def blocks(self, content: list[Any]) -> list[Any]:
+        take = self._take(content)
+        return [part for b in content[:take] for part in self.block(b)] + content[take:]
+
+    def block(self, block: object) -> list[object]:
+        """One content block as the chat parts vLLM renders it into; none for what it drops
+        (documents, redacted thinking, tool references)."""
         if not isinstance(block, Mapping):
-            return block
+            return [block]
         kind = block.get("type")
         if kind in ("text", "image"):
-            return block
+            return [block]
         if kind == "tool_use":
-            return {"type": "text", "text": _text_of(block.get("name")) + _text_of(block.get("input"))}
+            return [{**_TEXT, "text": _text_of(block.get("name")) + _text_of(block.get("input"))}]
         if kind == "tool_result":
-            content = block.get("content")
-            if isinstance(content, list):
-                take = max(1, min(len(content), self.left))
-                self.left -= take
-                return {
-                    "type": "text",
-                    "text": "".join(_text_of(_text_field(b)) for b in content[:take] if b),
-                }
-            return {"type": "text", "text": _text_of(content)}
+            return self.tool_result(block.get("content"))
         if kind == "thinking":
-            return {"type": "text", "text": _text_of(block.get("thinking"))}
-        return {"type": "text", "text": _text_of(block)}
+            return [{**_TEXT, "text": _text_of(block.get("thinking"))}]
+        return []
 
-    def message(self, msg: object) -> object:
+    def tool_result(self, content: object) -> list[object]:
+        """A tool's result: its text items joined, its images as images (a screenshot is an image
+        to the model, not its base64 as text)."""
+        if not isinstance(content, list):
+            return [{**_TEXT, "text": _text_of(content)}]
+        take = max(1, min(len(content), self.left))
+        self.left -= take
+        texts: list[str] = []
+        images: list[object] = []
+        for item in content[:take]:
+            if not isinstance(item, Mapping):
+                continue
+            if item.get("type") == "text":
+                texts.append(_text_of(item.get("text")))
+            elif item.get("type") == "image":
+                images.append(item)
+        return [{**_TEXT, "text": "\n".join(texts)}, *images]
+
+    def message(self, msg: object) -> object | None:
         self.left -= 1
         if not isinstance(msg, Mapping):
             return msg
         content = msg.get("content")
+        if msg.get("role") == "system":  # vLLM strips the billing header here too, and drops it if empty
+            text = self.system(content)
+            return None if text is None else {"role": "system", "content": text}
         if not isinstance(content, list) or all(
             isinstance(b, Mapping) and b.get("type") == "text" for b in content[: max(1, self.left)]
         ):
@@ -140,13 +189,10 @@ class _View:
         for i, msg in enumerate(messages):
             if self.left <= 0:
                 return out + messages[i:]
-            out.append(self.message(msg))
+            converted = self.message(msg)
+            if converted is not None:
+                out.append(converted)
         return out
-
-
-def _text_field(item: object) -> object:
-    """A tool result's item: its ``text`` when it is a block, else the item itself."""
-    return item.get("text", item) if isinstance(item, Mapping) else item
 
 
 def chat_view(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -154,9 +200,9 @@ def chat_view(payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     work is bounded as the chat measure's is, whatever the number of messages and blocks."""
     view = _View()
     out: list[object] = []
-    system = payload.get("system")
-    if isinstance(system, str | list) and system:
-        out.append({"role": "system", "content": system if isinstance(system, str) else view.blocks(system)})
+    system = view.system(payload.get("system"))
+    if system:
+        out.append({"role": "system", "content": system})
     messages = payload.get("messages")
     if isinstance(messages, list):
         out += view.messages(messages)
