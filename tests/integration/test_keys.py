@@ -82,6 +82,24 @@ async def test_tokens_are_reserved_at_admission_and_settled_from_usage() -> None
             assert refused.value.type == "tokens"
 
 
+async def test_counting_a_prompt_s_tokens_spends_a_request_and_no_tokens() -> None:
+    """Anthropic's count_tokens is limited by requests, not tokens: a key counting a long prompt
+    several times has its whole token budget left (it was spent by each count until refused)."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        keys = [{**TEAM_A, "tokens_per_minute": 2_000, "requests_per_minute": 100}]
+        async with keyed_gateway(keyed_settings(fleet.urls, keys)) as gw:
+            long = [{"role": "user", "content": "word " * 1_500}]
+            with anthropic.Anthropic(base_url=gw.url, api_key=SECRETS["TEAM_A_KEY"], max_retries=0) as client:
+                for _ in range(4):
+                    raw = await asyncio.to_thread(
+                        client.messages.with_raw_response.count_tokens, model=MODEL, messages=long
+                    )
+                    assert raw.parse().input_tokens > 1_000
+                    assert raw.headers["x-ratelimit-remaining-tokens"] == "2000"
+            counted = gw.gateway.limiter.local.state("team-a")
+            assert counted is not None and counted.tok_cur == 0 and counted.req_cur == 4
+
+
 async def test_a_model_outside_the_allow_list_is_not_found_and_not_listed() -> None:
     async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
         keys = [{**TEAM_A, "models": ["another-model"]}, {**TEAM_B, "models": [MODEL]}]

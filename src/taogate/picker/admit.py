@@ -181,7 +181,9 @@ class Admission:
         rec.priority = facts.priority or None
         rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
         rid = rec.request_id.encode()
-        admitted = await gw.limiter.enter(tenant, facts, incoming.model, rec, self.flow(plain))
+        admitted = await gw.limiter.enter(
+            tenant, facts, incoming.model, rec, self.flow(plain), metered=route.metered
+        )
         try:
             forward, exclude = self._plan(
                 route, plain, incoming, path=path, method=route_method(headers), rid=rid, subset=subset

@@ -166,7 +166,9 @@ class Pipeline:
             rec.long = facts.long
             rec.priority = facts.priority or None
             rec.tag = incoming.tag.decode("latin-1") if incoming.tag else None
-            admission, send = await self.limiter.admit(tenant, facts, incoming.model, rec, send)
+            admission, send = await self.limiter.admit(
+                tenant, facts, incoming.model, rec, send, metered=route.metered
+            )
             up_headers = upstream_headers(
                 headers, request_id=rid, tag=incoming.tag, client=scope.get("client")
             )

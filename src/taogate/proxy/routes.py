@@ -50,6 +50,7 @@ class Route:
     kind: RouteKind
     model_required: bool = True
     generates: bool = True  # produces tokens (TTFT and speed samples make sense)
+    metered: bool = True  # its tokens count against a key's token limits (not counting, tokenizing)
     errors: ErrorShape = OPENAI_ERRORS  # how the gateway's own errors look on this route
     anthropic: bool = False  # the key may come as x-api-key; usage in Anthropic's fields
     view: View | None = None  # None: the body is measured as ``kind``
@@ -68,6 +69,7 @@ def _anthropic(path: str, kind: RouteKind, *, generates: bool, priority: Literal
         path,
         kind,
         generates=generates,
+        metered=generates,  # count_tokens is free of token limits, as Anthropic's own is
         errors=anthropic.ANTHROPIC_ERRORS,
         anthropic=True,
         view=anthropic.chat_view,
@@ -89,8 +91,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/completions", "completions"),
     Route("/v1/embeddings", "embeddings", generates=False),
     Route("/v1/responses", "responses", usage=responses.usage_counts),
-    Route("/tokenize", "tokenize", model_required=False, generates=False, priority="none"),
-    Route("/detokenize", "detokenize", model_required=False, generates=False, priority="none"),
+    Route("/tokenize", "tokenize", model_required=False, generates=False, metered=False, priority="none"),
+    Route("/detokenize", "detokenize", model_required=False, generates=False, metered=False, priority="none"),
     _anthropic("/v1/messages", "messages", generates=True, priority="header"),
     _anthropic("/v1/messages/count_tokens", "count_tokens", generates=False, priority="none"),
     Route("/v1/chat/completions/batch", "chat_batch", model_required=False, generates=False, view=batch_view),

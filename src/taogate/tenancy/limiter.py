@@ -160,11 +160,18 @@ class Limiter:
         return exc
 
     async def admit(
-        self, tenant: Tenant, facts: RequestFacts, model: str | None, rec: RequestRecord, send: Send
+        self,
+        tenant: Tenant,
+        facts: RequestFacts,
+        model: str | None,
+        rec: RequestRecord,
+        send: Send,
+        *,
+        metered: bool = True,
     ) -> tuple[Admission, Send]:
         """The pipeline's step: ``enter``, and the ``send`` that adds its key's headers to the
         response."""
-        admission = await self.enter(tenant, facts, model, rec)
+        admission = await self.enter(tenant, facts, model, rec, metered=metered)
         return admission, _with_headers(send, admission.headers) if admission.headers else send
 
     async def enter(
@@ -174,14 +181,17 @@ class Limiter:
         model: str | None,
         rec: RequestRecord,
         flow: str | None = None,
+        *,
+        metered: bool = True,
     ) -> Admission:
         """Admit a request of ``tenant``'s key, reserving its prompt and all the output it may ask
-        for (as OpenAI counts), or raise its refusal; ``release`` ends it. The admission's
-        ``headers`` go on its response. ``flow``: the fair share's name for it in the key's place
-        (a flow the gateway in front named)."""
+        for (as OpenAI counts; none on a route that is not ``metered``), or raise its refusal;
+        ``release`` ends it. The admission's ``headers`` go on its response. ``flow``: the fair
+        share's name for it in the key's place (a flow the gateway in front named)."""
         rec.key = tenant.name
         facts.tenant = flow or tenant.name
-        admission = await self.check(tenant, model, facts.prompt_tokens + (facts.max_tokens or 0))
+        cost = facts.prompt_tokens + (facts.max_tokens or 0) if metered else 0
+        admission = await self.check(tenant, model, cost)
         admission.share = facts.tenant
         return admission
 
