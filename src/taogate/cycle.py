@@ -5,8 +5,9 @@ per request: the request body is kept as the pieces the parser gave (joined only
 several), ``receive`` waits on a future made only when nothing has arrived yet, and the response's
 header fields are written as the app gives them, with no pattern search per field (ASGI asks the
 app for lower-case names; a field that would split the head is still refused, by counting line
-ends). The framing is uvicorn's: ``content-length`` or else ``transfer-encoding: chunked`` (none for
-HEAD, 204 and 304), ``connection: close`` added when the connection will not be kept. The head is
+ends). The framing is uvicorn's, ``content-length`` or else ``transfer-encoding: chunked`` (none for
+HEAD, 204 and 304), except that an HTTP/1.0 client, which knows no chunks, reads to the close;
+``connection: close`` is added when the connection will not be kept. The head is
 held until the body's first piece or the end of this turn of the loop, whichever comes first, so a
 response leaves in one write; the app's failures are answered and logged as uvicorn does (its
 logger, its messages: ``taogate.observe.dropped`` filters one of them).
@@ -275,9 +276,14 @@ class Cycle:
             parts.append(b"connection: close\r\n")
             lines += 1
         if self.chunked is None and not self._head_only and status not in _NO_BODY:
-            self.chunked = True
-            parts.append(b"transfer-encoding: chunked\r\n")
-            lines += 1
+            if (
+                self.scope["http_version"] == "1.0"
+            ):  # no chunked coding for it: the body ends with the connection
+                self.chunked, self._expected = False, -1
+            else:
+                self.chunked = True
+                parts.append(b"transfer-encoding: chunked\r\n")
+                lines += 1
         parts.append(b"\r\n")
         head = b"".join(parts)
         if head.count(b"\n") != lines or head.count(b"\r") != lines:
@@ -294,11 +300,15 @@ class Cycle:
                 self._write(framed % (len(body), body))
             else:
                 self._write(b"" if more_body else b"0\r\n\r\n")
-        else:
+        elif self._expected >= 0:
             if len(body) > self._expected:
                 raise RuntimeError("Response content longer than Content-Length")
             self._expected -= len(body)
             self._write(body)
+        else:  # an HTTP/1.0 answer of no stated length
+            self._write(body)
+            if not more_body:
+                self._expected = 0
         if not more_body:
             if self._expected != 0:
                 raise RuntimeError("Response content shorter than Content-Length")

@@ -41,6 +41,10 @@ __all__ = ["LimitedProtocol", "protocol_class"]
 _LINGER_S = 30.0
 _LINGER_IDLE_S = 5.0
 _LINGER_BYTES = 256 * 1024
+#: Requests a connection may send ahead of their answers (HTTP/1.1 pipelining). Reading stops
+#: while any wait, but one read may hold thousands of small heads: past this many waiting, the
+#: connection is closed, as a client that sends without reading costs memory for each.
+_MAX_PIPELINED = 32
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -238,6 +242,12 @@ class LimitedProtocol(HttpToolsProtocol):
         if existing is None or existing.response_complete:
             self._run(cycle, app)
         else:  # pipelined: served once the one before has answered
+            if len(self.pipeline) >= _MAX_PIPELINED:
+                raise Reject(
+                    400,
+                    "too_many_pipelined",
+                    f"Over {_MAX_PIPELINED} requests were sent ahead of their answers.",
+                )
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, app))
 
@@ -271,12 +281,14 @@ class LimitedProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        if self.flow.read_paused:
-            self.flow.resume_reading()
-        if self.pipeline:
+        if self.pipeline:  # reading resumes once none waits (or a body needs reading)
             cycle, app = self.pipeline.pop()
             self._run(cycle, app)
+            if not self.pipeline and self.flow.read_paused:
+                self.flow.resume_reading()
             return
+        if self.flow.read_paused:
+            self.flow.resume_reading()
         self._idle_since = now = self.loop.time()
         if self.timeout_keep_alive_task is None:
             due = now + self._keep_alive

@@ -5,6 +5,7 @@ uvicorn's own cycle in ``test_cycle.py``.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import re
 from typing import Any
@@ -255,13 +256,31 @@ async def test_pipelined_chunked_continued_head_and_http10_requests_are_answered
         assert b"connection: close\r\n" in answers[3]
         assert answers[3].endswith(b"\r\n\r\n8\r\nGET /d? \r\n0\r\n\r\n")
         old = await _exchange(served.port, b"GET /e HTTP/1.0\r\n\r\n")
-        assert b"connection: close\r\n" in old and old.endswith(b"\r\n\r\n8\r\nGET /e? \r\n0\r\n\r\n")
+        assert b"connection: close\r\n" in old and old.endswith(b"\r\n\r\nGET /e? ")  # no chunks in 1.0
+        assert b"transfer-encoding" not in old
         reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
         writer.write(b"POST /f HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")
         assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0) == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(b"gh")
         assert (await asyncio.wait_for(reader.readuntil(b"POST /f? gh"), 5.0)).startswith(b"HTTP/1.1 200 OK")
         writer.close()
+
+
+async def test_a_client_pipelining_thousands_of_requests_is_cut_off_at_the_cap() -> None:
+    """One write of 5,000 small requests: the first ones are answered in order, then the
+    connection closes, instead of 5,000 requests held in memory while they wait their turn."""
+    options = {"http": protocol_class(ListenerLimits()), "ws": "none", "server_header": False}
+    async with serve_asgi(_echo, **options) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"GET /p HTTP/1.1\r\nhost: h\r\n\r\n" * 5_000)
+        wire = b""
+        with contextlib.suppress(ConnectionResetError):  # closed with requests unread: a reset
+            while piece := await asyncio.wait_for(reader.read(65536), 5.0):
+                wire += piece
+        writer.close()
+        assert wire.count(b"HTTP/1.1 200 OK\r\n") <= 40  # it ended, well short of 5,000
+        await asyncio.sleep(0.1)
+        assert served.server.server_state.tasks == set()
 
 
 async def test_a_client_gone_while_a_pipelined_request_waits_is_told_to_the_one_being_served() -> None:
