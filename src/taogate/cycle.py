@@ -277,7 +277,7 @@ class Cycle:
             lines += 1
         if self.chunked is None and not self._head_only and status not in _NO_BODY:
             if (
-                self.scope["http_version"] == "1.0"
+                self.scope.get("http_version") == "1.0"
             ):  # no chunked coding for it: the body ends with the connection
                 self.chunked, self._expected = False, -1
             else:

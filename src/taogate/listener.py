@@ -78,6 +78,7 @@ class LimitedProtocol(HttpToolsProtocol):
         self._linger_end = self._last_read = 0.0
         self._body_done = True  # the current request's message has ended
         self._keep_alive: float = cast(Any, self).timeout_keep_alive  # typed int by uvicorn, may be a float
+        self._unsent = 0  # bytes of the last answer the client had not taken at the last look
 
     # -- the connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -290,6 +291,7 @@ class LimitedProtocol(HttpToolsProtocol):
         if self.flow.read_paused:
             self.flow.resume_reading()
         self._idle_since = now = self.loop.time()
+        self._unsent = 0
         if self.timeout_keep_alive_task is None:
             due = now + self._keep_alive
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
@@ -300,16 +302,26 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def _keep_alive_due(self) -> None:
         """uvicorn's keep-alive timeout, armed once per idle stretch instead of once per response:
-        a byte from the client ends the stretch (the timer then lets go), a response starts one."""
+        a byte from the client ends the stretch (the timer then lets go), a response starts one.
+        A connection whose last answer the client is still reading is not idle until it is read;
+        one whose client took none of it for ``write_stall`` is aborted (a close would wait)."""
         self.timeout_keep_alive_task = None
         since = self._idle_since
         if since is None:
             return
         due = since + self._keep_alive
-        if self.loop.time() >= due:
-            self.timeout_keep_alive_handler()
-        else:
+        if self.loop.time() < due:
             self.timeout_keep_alive_task = self.loop.call_at(due, self._keep_alive_due)
+            return
+        unsent = self.transport.get_write_buffer_size()
+        if not unsent:
+            self.timeout_keep_alive_handler()
+        elif unsent == self._unsent:  # nothing taken in a whole write stall: a close would wait for ever
+            self.transport.abort()
+        else:  # the last answer is still being read: not idle yet; looked at again a stall later
+            self._unsent = unsent
+            again = self.write_stall or self._keep_alive
+            self.timeout_keep_alive_task = self.loop.call_later(again, self._keep_alive_due)
 
     def _still_idle(self, since: float) -> None:
         """The keep-alive wait that began at ``since`` goes on (its timer armed again if it let go)."""

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import inspect
 import re
+import socket
 from typing import Any
 
 import httptools
@@ -210,6 +211,46 @@ async def test_keep_alive_closes_a_connection_idle_for_its_timeout_and_spares_a_
         assert 0.3 < asyncio.get_running_loop().time() - started < 1.5
         writer.close()
         busy_writer.close()
+
+
+_BIG = 16 << 20  # far more than the kernel's buffers hold: most of it waits in the gateway
+
+
+async def _big(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    headers = [(b"content-length", str(_BIG).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"x" * _BIG})
+
+
+def _open_ports(served: Any) -> set[int]:
+    return {c.client[1] for c in served.server.server_state.connections}
+
+
+async def test_an_answer_its_client_stopped_reading_is_dropped_and_one_being_read_is_not() -> None:
+    """A whole answer goes to the transport at once; past the keep-alive timeout a close would wait
+    for a client that reads nothing, the answer held in memory for ever: aborted after a write
+    stall with nothing taken. A client still reading is not idle, however long it takes."""
+    limits = ListenerLimits(write_stall=0.5)
+    options = {"http": protocol_class(limits), "ws": "none", "timeout_keep_alive": 0.3}
+    async with serve_asgi(_big, **options) as served:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", served.port))
+        stalled.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        mine, theirs = writer.get_extra_info("sockname")[1], stalled.getsockname()[1]
+        taken = 0
+        for _ in range(300):  # 16 KiB every 10 ms: the answer takes 10 s, the timers under 2
+            taken += len(await asyncio.wait_for(reader.read(16384), 5.0))
+            await asyncio.sleep(0.01)
+            if theirs not in _open_ports(served):
+                break
+        assert _open_ports(served) == {mine} and taken < _BIG, taken  # dropped; still reading
+        writer.close()
+        stalled.close()
 
 
 async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
