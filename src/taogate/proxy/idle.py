@@ -33,9 +33,12 @@ class IdleGuard:
         "_stall",
         "_task",
         "expired",
+        "idle",
         "last",
+        "limit",
         "overdue",
         "send_started",
+        "stall",
         "stalled",
     )
 
@@ -44,6 +47,7 @@ class IdleGuard:
         task = asyncio.current_task()
         assert task is not None, "IdleGuard must be created inside a task"
         self._task = task
+        self.idle, self.stall, self.limit = idle, stall, limit  # as given, for messages
         self._idle = idle
         self._stall = stall
         self.expired = False
@@ -74,6 +78,12 @@ class IdleGuard:
             self.last = now
         elif started is not None:
             self.last += now - started  # blocked on the client: not the instance's silence
+
+    def finishing(self) -> None:
+        """The stream's events are all relayed: only a client that stops reading ends it now."""
+        self._idle = self._end = math.inf
+        if self._handle is None and self._stall is not None:  # a guard that fired is armed again
+            self._handle = self._loop.call_at(self._next(self._loop.time()), self._check)
 
     def _check(self) -> None:
         now = self._loop.time()

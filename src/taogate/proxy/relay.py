@@ -21,12 +21,17 @@ from taogate.proxy.intake import ClientStalled
 from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
 from taogate.proxy.usage import UsageTap
 
-__all__ = ["MAX_EVENT_BYTES", "EventTooLarge", "Events", "StreamEnd", "relay_sse"]
+__all__ = ["MAX_EVENT_BYTES", "SEND_BYTES", "EventTooLarge", "Events", "StreamEnd", "piece_end", "relay_sse"]
 
 
 #: The most an unfinished event may hold before the stream is ended (vLLM's largest, a Responses
 #: ``response.completed`` carrying the whole output, is a small fraction of it).
 MAX_EVENT_BYTES: Final = 8 << 20
+#: Relayed in one send at most (cut at an event's end): what a slow client must take within the
+#: stall limit, whatever the instance sent in one burst.
+SEND_BYTES: Final = 64 * 1024
+#: The OpenAI routes' last event: an instance silent after it has finished.
+_DONE: Final = b"data: [DONE]\n\n"
 
 
 class Events:
@@ -84,6 +89,32 @@ class StreamEnd:
     usage: dict[str, Any] | None
 
 
+def piece_end(data: bytes, start: int) -> int:
+    """Where the piece of ``data`` from ``start`` ends: the last event end within ``SEND_BYTES``,
+    else the first after (an event is never split); ``len(data)`` if there is none."""
+    stop = start + SEND_BYTES
+    lf, crlf = data.rfind(b"\n\n", start, stop), data.rfind(b"\n\r\n", start, stop)
+    if lf >= 0 or crlf >= 0:
+        return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    ends = [i + n for i, n in ((data.find(b"\n\n", stop), 2), (data.find(b"\n\r\n", stop), 3)) if i >= 0]
+    return min(ends) if ends else len(data)
+
+
+async def _send_in_pieces(send: Send, guard: IdleGuard, data: bytes) -> bytes:
+    """Sends all of ``data`` but its last piece in pieces of about ``SEND_BYTES``, each timed by
+    the guard on its own; returns the last piece."""
+    start = 0
+    while len(data) - start > SEND_BYTES:
+        end = piece_end(data, start)
+        if end >= len(data):
+            break
+        await send({"type": "http.response.body", "body": data[start:end], "more_body": True})
+        guard.sent(False)
+        guard.sending_started()
+        start = end
+    return data[start:]
+
+
 async def relay_sse(
     response: UpstreamResponse,
     send: Send,
@@ -103,9 +134,30 @@ async def relay_sse(
     bytes of one event (held until its end)."""
     tap = UsageTap()
     guard = IdleGuard(idle, stall, limit)
-    events = Events(max_event)
+    try:
+        error = await _relay(response, send, guard, tap, Events(max_event), instance, on_first_chunk)
+        await _finish(send, guard, errors, error, on_last_message)
+    finally:
+        guard.close()
+    return StreamEnd(error[0] if error else None, tap.usage)
+
+
+def _stalled(guard: IdleGuard) -> ClientStalled:
+    return ClientStalled(f"the client read nothing for {guard.stall:g}s")
+
+
+async def _relay(  # noqa: PLR0917 (relay_sse's own parts)
+    response: UpstreamResponse,
+    send: Send,
+    guard: IdleGuard,
+    tap: UsageTap,
+    events: Events,
+    instance: str,
+    on_first_chunk: Callable[[], None],
+) -> tuple[str, str] | None:
+    """The stream's events as they come, in whole events; the error that ended it, if any."""
     first = True
-    error: tuple[str, str] | None = None
+    done = False  # the last event relayed was ``[DONE]``
     try:
         async for chunk in response.aiter_raw():
             if first:
@@ -116,12 +168,15 @@ async def relay_sse(
             if not whole:
                 continue
             guard.sending_started()  # a slow client is not a silent instance
+            if len(whole) > SEND_BYTES:
+                whole = await _send_in_pieces(send, guard, whole)
             await send({"type": "http.response.body", "body": whole, "more_body": True})
             guard.sent(ended)
+            done = whole.endswith(_DONE)
         if events.held:
-            error = ("upstream_stream_broken", f"instance {instance} ended the stream inside an event")
+            return ("upstream_stream_broken", f"instance {instance} ended the stream inside an event")
     except EventTooLarge as big:
-        error = ("upstream_event_too_large", f"instance {instance} sent an event over {big.limit} bytes")
+        return ("upstream_event_too_large", f"instance {instance} sent an event over {big.limit} bytes")
     except asyncio.CancelledError:
         task = asyncio.current_task()
         # The guard's cancel alone means the instance went quiet, the client stopped reading or
@@ -130,20 +185,40 @@ async def relay_sse(
             raise
         task.uncancel()
         if guard.stalled:
-            raise ClientStalled(f"the client read nothing for {stall:g}s") from None
+            raise _stalled(guard) from None
         if guard.overdue:
-            error = ("stream_timeout", f"the stream from instance {instance} lasted over {limit:g}s")
-        else:
-            error = ("stream_idle_timeout", f"no complete event from instance {instance} for {idle:g}s")
+            return ("stream_timeout", f"the stream from instance {instance} lasted over {guard.limit:g}s")
+        if not done:  # silent after [DONE] is finished, whatever keeps its connection open
+            return ("stream_idle_timeout", f"no complete event from instance {instance} for {guard.idle:g}s")
     except UPSTREAM_ERRORS as exc:
-        error = ("upstream_stream_broken", f"instance {instance} broke the stream ({type(exc).__name__})")
-    finally:
-        guard.close()
-    if error is not None:
-        code, message = error  # what went to the client ended on an event boundary
-        await send(
-            {"type": "http.response.body", "body": errors.stream_end(message, code), "more_body": True}
-        )
-    on_last_message()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return StreamEnd(error[0] if error else None, tap.usage)
+        return ("upstream_stream_broken", f"instance {instance} broke the stream ({type(exc).__name__})")
+    return None
+
+
+async def _finish(
+    send: Send,
+    guard: IdleGuard,
+    errors: ErrorShape,
+    error: tuple[str, str] | None,
+    on_last_message: Callable[[], None],
+) -> None:
+    """The stream's end (its error event, if any, then the body's end), still under the guard: a
+    client that stops reading here is stalled as anywhere else, not a stream that ended well."""
+    guard.finishing()
+    try:
+        if error is not None:
+            code, message = error  # what went to the client ended on an event boundary
+            guard.sending_started()
+            await send(
+                {"type": "http.response.body", "body": errors.stream_end(message, code), "more_body": True}
+            )
+            guard.sent()
+        on_last_message()
+        guard.sending_started()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not guard.stalled or task is None or task.cancelling() > 1:
+            raise
+        task.uncancel()
+        raise _stalled(guard) from None
