@@ -82,6 +82,23 @@ async def test_tokens_are_reserved_at_admission_and_settled_from_usage() -> None
             assert refused.value.type == "tokens"
 
 
+async def test_a_request_the_instance_refuses_gives_its_tokens_back() -> None:
+    """vLLM's 400 (here: stream_options without stream) generated nothing: the reservation of its
+    prompt and max_tokens is given back, where it used to stand for the whole window."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        keys = [{**TEAM_A, "tokens_per_minute": 1_000}]
+        async with keyed_gateway(keyed_settings(fleet.urls, keys)) as gw, AsyncExitStack() as stack:
+            client = await stack.enter_async_context(sdk(gw, SECRETS["TEAM_A_KEY"]))
+            for _ in range(3):  # each reserved ~400 of the 1,000
+                with pytest.raises(openai.BadRequestError):
+                    await chat(client, max_tokens=400, stream_options={"include_usage": True})
+            counted = gw.gateway.limiter.local.state("team-a")
+            assert counted is not None
+            await wait_until(lambda: counted.tok_cur == 0, what="the refused requests' tokens given back")
+            raw = await chat(client, max_tokens=400)
+            assert raw.http_response.status_code == 200
+
+
 async def test_counting_a_prompt_s_tokens_spends_a_request_and_no_tokens() -> None:
     """Anthropic's count_tokens is limited by requests, not tokens: a key counting a long prompt
     several times has its whole token budget left (it was spent by each count until refused)."""

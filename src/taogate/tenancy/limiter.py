@@ -324,7 +324,9 @@ class Limiter:
         attempt: a retry is dispatched again) to its usage."""
         if admission is None:
             return
-        served = rec.instance is not None
+        # Nothing is charged for an instance's refusal (or a timeout) answered before any stream
+        # began: it generated nothing the client got. A client gone mid-request is charged.
+        served = rec.instance is not None and (rec.status < 400 or rec.status == 499 or rec.stream)
         if rec.reject is not None:  # refused after its key's limits: the queue, no instance, ...
             self.reject(admission.stats, rec.reject, None)
         self.finish(admission, rec.prompt_tokens, rec.completion_tokens, served)
