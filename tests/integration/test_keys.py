@@ -136,7 +136,7 @@ async def test_a_model_outside_the_allow_list_is_not_found_and_not_listed() -> N
 async def test_max_concurrency_is_held_for_the_whole_stream_and_freed_by_a_disconnect() -> None:
     slow = EmulatorConfig(seed=0, step_overhead=0.02)
     async with run_fleet([slow]) as fleet, AsyncExitStack() as stack:
-        settings = keyed_settings(fleet.urls, [{**TEAM_A, "max_concurrency": 1}])
+        settings = keyed_settings(fleet.urls, [{**TEAM_A, "max_concurrency": 1, "requests_per_minute": 60}])
         gw = await stack.enter_async_context(keyed_gateway(settings))
         stats = gw.gateway.limiter.stats["team-a"]
         client = await stack.enter_async_context(sdk(gw, SECRETS["TEAM_A_KEY"]))
@@ -149,8 +149,9 @@ async def test_max_concurrency_is_held_for_the_whole_stream_and_freed_by_a_disco
             if got == 3:
                 break
         assert stats.in_flight == 1  # mid-stream: the lease is still held
-        with pytest.raises(openai.RateLimitError, match="in flight"):
+        with pytest.raises(openai.RateLimitError, match="in flight") as busy:
             await chat(client)
+        assert busy.value.response.headers["x-ratelimit-remaining-requests"] == "59"  # as every answer
         await stream.close()  # the client goes away mid-stream
         await wait_until(lambda: stats.in_flight == 0, what="the lease released by the disconnect")
         raw = await chat(client)  # and the key may send again

@@ -87,13 +87,14 @@ class Admission:
         self.lease = lease
 
 
-def _busy(tenant: Tenant) -> RateLimited:
+def _busy(tenant: Tenant, counts: Counts | None, window: float) -> RateLimited:
+    """The concurrency refusal, with the key's rate-limit headers as its counters last read."""
     return RateLimited(
         f"Too many requests in flight for key {tenant.name}: Limit {tenant.max_concurrency} at once. "
         "Please try again when one has finished.",
         "requests",
         1.0,
-        [],
+        rate_headers(tenant, counts, window) if counts is not None else [],
     )
 
 
@@ -219,7 +220,7 @@ class Limiter:
         if counts is None:  # the store is down and the limits fail open
             return
         if counts.busy:
-            raise self.reject(stats, "concurrency", _busy(tenant))
+            raise self.reject(stats, "concurrency", _busy(tenant, counts, self.limits.window))
         stats.last = counts
         window = self.limits.window
         if not counts.admitted:
@@ -258,7 +259,7 @@ class Limiter:
                 ),
             )
         if tenant.max_concurrency is not None and stats.in_flight >= tenant.max_concurrency:
-            raise self.reject(stats, "concurrency", _busy(tenant))
+            raise self.reject(stats, "concurrency", _busy(tenant, stats.last, self.limits.window))
         return Admission(tenant, stats, [], share=tenant.name)
 
     async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int, lease: str) -> Counts | None:
