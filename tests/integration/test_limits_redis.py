@@ -176,6 +176,26 @@ async def test_redis_killed_and_restarted_under_fail_closed(redis_server: RedisS
             assert gw.gateway.limiter.stats["team-a"].rejections == {"store_unavailable": 2}
 
 
+async def test_a_restarted_redis_fails_no_request_on_the_connections_from_before(
+    redis_server: RedisServer,
+) -> None:
+    """After a restart every pooled connection is dead: each failed one call as it came up (a burst
+    of 8 saw 7 failures) before a broken connection was retried once at once."""
+    store = RedisStore(redis_server.url, timeout=0.5)
+    try:
+
+        async def hit_once() -> None:
+            await store.hit("team-a", 60_000, rpm=1_000, tpm=0, cost=1)
+
+        await asyncio.gather(*(hit_once() for _ in range(8)))  # eight pooled connections
+        redis_server.kill()
+        redis_server.start()
+        await hit_once()
+        await asyncio.gather(*(hit_once() for _ in range(8)))
+    finally:
+        await store.aclose()
+
+
 async def test_a_hung_store_delays_no_request_past_the_store_timeout(redis_server: RedisServer) -> None:
     async with run_fleet([EmulatorConfig(seed=0, instant=True)]) as fleet:
         limits = {"store": redis_server.url, "store_timeout": 0.2}

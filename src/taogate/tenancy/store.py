@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from taogate.tenancy.window import Counts, State, hit, settle
 
@@ -183,8 +186,14 @@ class RedisStore:
     """The counters in Redis (redis-py's asyncio client); every call bounded by ``timeout``."""
 
     def __init__(self, url: str, timeout: float, prefix: str = "taogate:limits:") -> None:
+        # One immediate retry on a broken connection: after a Redis restart every pooled connection
+        # is dead, and without it each failed one request (a 503 under fail_closed) as it came up.
         self._client: redis.Redis = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         self._hit = self._client.register_script(HIT_SCRIPT)
         self._settle = self._client.register_script(SETTLE_SCRIPT)
