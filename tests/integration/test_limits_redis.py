@@ -318,6 +318,46 @@ async def test_leases_the_store_lost_while_down_are_added_back(redis_server: Red
             await stream.close()
 
 
+async def test_a_request_admitted_while_the_store_was_down_holds_its_slot_once_it_is_back(
+    redis_server: RedisServer,
+) -> None:
+    """Admitted through one replica under fail_open while Redis is down, a stream took no lease:
+    once Redis is back, the other replica admitted a second one past max_concurrency 1. Its lease
+    is added by the first replica's next renewal now, and an idle replica sees the store back."""
+    messages: list[Any] = [{"role": "user", "content": "hello there"}]
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
+        keys = [{**TEAM_A, "max_concurrency": 1}]
+        limits = {"store": redis_server.url, "store_timeout": 0.3, "on_store_error": "fail_open"}
+        settings_ = keyed_settings(fleet.urls, keys, limits)
+        async with (
+            keyed_gateway(settings_) as a,
+            keyed_gateway(settings_) as b,
+            sdk(a, SECRETS["TEAM_A_KEY"]) as via_a,
+            sdk(b, SECRETS["TEAM_A_KEY"]) as via_b,
+        ):
+            await chat(via_b)  # b has talked to the store once
+            redis_server.kill()
+            stream = await via_a.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=400, stream=True
+            )
+            await anext(aiter(stream))  # admitted without the store
+            assert not a.gateway.limiter.store_up
+            redis_server.start()
+            await asyncio.sleep(1.1)  # the failed store is tried again after a second
+            await a.gateway.limiter.renew()
+            assert a.gateway.limiter.store_up
+            with pytest.raises(openai.RateLimitError, match="in flight"):
+                await chat(via_b)
+            await stream.close()
+            redis_server.kill()
+            await chat(via_b)  # b finds the store gone (fail_open: admitted) ...
+            assert not b.gateway.limiter.store_up
+            redis_server.start()
+            await asyncio.sleep(1.1)
+            await b.gateway.limiter.renew()  # ... and, holding nothing, asks whether it is back
+            assert b.gateway.limiter.store_up
+
+
 class CountedStore(RedisStore):
     """A Redis store at a closed port (every call refused), counting its checks."""
 

@@ -218,6 +218,9 @@ class Limiter:
         lease = f"{self._replica}:{next(self._leases)}" if shared else ""
         counts = await self._hit(tenant, stats, cost, lease)
         if counts is None:  # the store is down and the limits fail open
+            if lease:  # held all the same: the renewal after the store is back adds it there
+                admission.lease = lease
+                self._held.setdefault(tenant.name, set()).add(lease)
             return
         if counts.busy:
             raise self.reject(stats, "concurrency", _busy(tenant, counts, self.limits.window))
@@ -379,9 +382,15 @@ class Limiter:
         """Every lease this replica holds renewed, so only a stopped replica's lapse (the gateway
         calls it every ``LEASE_RENEW_S``). After the store was down, those it lost are added
         again, or the replicas would admit past ``max_concurrency`` until these requests end (one
-        ending just then may leave its lease to lapse: a slot short for ``LEASE_TTL_MS`` at most)."""
+        ending just then may leave its lease to lapse: a slot short for ``LEASE_TTL_MS`` at most);
+        so are those of requests admitted while it was down. A replica holding none asks a failed
+        store whether it is back, so its metric and ``status`` say so without waiting for traffic."""
         store = self.store
-        if store is None or not self._held or not (self.store_up or self._clock() >= self._retry_at):
+        if store is None or not (self.store_up or self._clock() >= self._retry_at):
+            return
+        if not self._held:
+            if not self.store_up and await self._call(store.ping()):  # idle: is it back?
+                self._answered()
             return
         restore, self._restore = self._restore, False
         for name, held in list(self._held.items()):

@@ -126,6 +126,8 @@ class Store(Protocol):
 
     async def settle(self, name: str, bucket: int, delta: int) -> None: ...
 
+    async def ping(self) -> None: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -177,6 +179,9 @@ class LocalStore:
         """Drop the counters of keys no longer configured."""
         for name in [n for n in self._states if n not in keep]:
             del self._states[name]
+
+    async def ping(self) -> None:
+        """Always there."""
 
     async def aclose(self) -> None:
         return None
@@ -235,6 +240,9 @@ class RedisStore:
 
     async def settle(self, name: str, bucket: int, delta: int) -> None:
         await self._settle(keys=[self._key(name)], args=[bucket, delta])
+
+    async def ping(self) -> None:
+        await self._client.ping()
 
     async def aclose(self) -> None:
         await self._client.aclose()
