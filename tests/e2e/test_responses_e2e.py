@@ -110,3 +110,32 @@ async def test_a_response_whose_instance_left_gets_vllm_s_not_found(gateway_fact
         with pytest.raises(openai.NotFoundError) as missing:
             await client.responses.create(model=MODEL, input="more", previous_response_id=rid)
         assert missing.value.body == expected["error"]
+
+
+async def test_a_responses_stream_broken_mid_way_ends_with_the_responses_error_event(
+    gateway_factory: GatewayFactory,
+) -> None:
+    """A Responses stream ends as the API's do: an ``error`` event (typed for a client that
+    dispatches on events, no ``[DONE]``), on which the OpenAI SDK raises its APIError."""
+    async with gateway_factory(STORED) as gw, sdk(gw) as client:
+        for inst in gw.fleet.instances:
+            inst.faults.close_mid_stream = 3
+        events: list[str] = []
+        with pytest.raises(openai.APIError, match="broke the stream"):
+            stream = await client.responses.create(model=MODEL, input="hi", max_output_tokens=20, stream=True)
+            async for event in stream:
+                events.append(event.type)
+        assert events and events[0] == "response.created"
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            http.stream(
+                "POST",
+                f"{gw.url}/v1/responses",
+                headers=AUTH,
+                json={"model": MODEL, "input": "hi", "max_output_tokens": 20, "stream": True},
+            ) as raw,
+        ):
+            data = b"".join([chunk async for chunk in raw.aiter_bytes()])
+        assert data.endswith(b"\n\n") and b"[DONE]" not in data
+        last = data.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        assert last.startswith(b'event: error\ndata: {"type":"error","code":"upstream_stream_broken"'), last

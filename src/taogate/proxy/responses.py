@@ -25,15 +25,38 @@ from typing import Any, Final
 import orjson
 from mypy_extensions import mypyc_attr
 
-from taogate.errors import BadRequest, NotFound
+from taogate.errors import BadRequest, ErrorShape, NotFound
 from taogate.proxy.usage import counts
 
-__all__ = ["MAX_ID_BYTES", "ResponseIds", "ResponseNotFound", "checked_id", "usage_counts"]
+__all__ = [
+    "MAX_ID_BYTES",
+    "RESPONSES_ERRORS",
+    "ResponseIds",
+    "ResponseNotFound",
+    "ResponsesErrors",
+    "checked_id",
+    "usage_counts",
+]
 
 _OURS: Final = re.compile(r"resp_([0-9a-f]{8})_[0-9a-f]{16}")
 
 #: The longest ``request_id`` a client may choose (UTF-8 bytes): ids are tokens, not payloads.
 MAX_ID_BYTES: Final = 256
+
+
+@mypyc_attr(native_class=False)
+class ResponsesErrors(ErrorShape):
+    """OpenAI's shape, but a stream ends as the Responses API's do: an ``event: error`` whose
+    ``type`` a client dispatching on events reads, with no ``[DONE]`` (Responses streams have
+    none); its ``error`` object still makes the OpenAI SDK raise its APIError."""
+
+    def stream_end(self, message: str, code: str) -> bytes:
+        error = {"message": message, "type": "upstream_error", "param": None, "code": code}
+        payload = {"type": "error", "code": code, "message": message, "param": None, "error": error}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+RESPONSES_ERRORS = ResponsesErrors()
 
 
 def checked_id(value: str) -> str:

@@ -90,7 +90,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", "chat"),
     Route("/v1/completions", "completions"),
     Route("/v1/embeddings", "embeddings", generates=False),
-    Route("/v1/responses", "responses", usage=responses.usage_counts),
+    Route("/v1/responses", "responses", errors=responses.RESPONSES_ERRORS, usage=responses.usage_counts),
     Route("/tokenize", "tokenize", model_required=False, generates=False, metered=False, priority="none"),
     Route("/detokenize", "detokenize", model_required=False, generates=False, metered=False, priority="none"),
     _anthropic("/v1/messages", "messages", generates=True, priority="header"),
