@@ -45,6 +45,14 @@ async def test_async_sdk_streams_text_and_the_final_usage(gw: Running) -> None:
     assert counted.input_tokens > 0
 
 
+async def test_the_request_id_is_under_the_header_the_anthropic_sdk_reads(gw: Running) -> None:
+    async with client(gw) as sdk:
+        raw = await sdk.messages.with_raw_response.create(model=MODEL, max_tokens=3, messages=HELLO)
+        reply = await raw.parse()
+    assert raw.headers["request-id"] == raw.headers["x-request-id"]
+    assert reply._request_id == raw.headers["x-request-id"]
+
+
 async def test_claude_code_s_x_api_key_and_beta_query_are_accepted(gw: Running) -> None:
     """Claude Code sends ANTHROPIC_API_KEY as x-api-key and posts to /v1/messages?beta=true."""
     body = {"model": MODEL, "max_tokens": 3, "messages": HELLO, "stream": True}
@@ -66,6 +74,7 @@ async def test_gateway_errors_take_anthropic_s_shape_and_status(gw: Running) -> 
         async with client(gw, api_key="wrong") as sdk:
             await sdk.messages.create(model=MODEL, max_tokens=3, messages=HELLO)
     message = "Incorrect API key: taogate accepts only its unified key."
+    assert denied.value.request_id  # the SDK's own header, request-id, on the gateway's errors too
     assert denied.value.body == {
         "type": "error",
         "error": {"type": "authentication_error", "message": message},

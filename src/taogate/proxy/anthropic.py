@@ -48,6 +48,8 @@ def _body(message: str, status: int) -> bytes:
 class AnthropicErrors(ErrorShape):
     """``{"type": "error", "error": {"type", "message"}}``; a stream ends with ``event: error``."""
 
+    request_id_names = (b"x-request-id", b"request-id")
+
     def body(self, exc: GatewayError) -> bytes:
         return _body(exc.message, exc.status)
 

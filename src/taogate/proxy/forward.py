@@ -43,6 +43,7 @@ class Forward:
     # Ask a vLLM instance for its load with the answer (fresher than a scrape); the client did not
     # ask, so the answer's header is the gateway's alone (``downstream_headers(drop_load=...)``).
     ask_load: bool = False
+    anthropic: bool = False  # the id goes as Anthropic's ``request-id`` too, which its SDK reads
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,
@@ -56,6 +57,7 @@ class Forward:
         mint: bool = False,
         chosen_id: str | None = None,
         ask_load: bool = False,
+        anthropic: bool = False,
     ) -> None:
         self.method = method
         self.path = path
@@ -67,12 +69,15 @@ class Forward:
         self.mint = mint
         self.chosen_id = chosen_id
         self.ask_load = ask_load
+        self.anthropic = anthropic
 
     def answer_headers(
         self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str, receipt: str | None = None
     ) -> list[tuple[bytes, bytes]]:
         """The answer's headers for the client (``downstream_headers``), with the route receipt if any."""
         out = downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
+        if self.anthropic:
+            out.append((b"request-id", request_id))
         if receipt:
             out.append((b"x-taogate-route", receipt.encode("ascii", "replace")))
         return out
@@ -175,6 +180,7 @@ def plan(
         incoming.tell_priority,
         route.priority == "body",
         ask_load=ask_load,
+        anthropic=route.anthropic,
     )
     owner: str | None = None
     instances: list[str] = []

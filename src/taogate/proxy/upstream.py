@@ -63,6 +63,7 @@ _DROP_DOWN = HOP_BY_HOP | {
     b"x-powered-by",
     b"date",
     b"x-request-id",
+    b"request-id",
     b"set-cookie",
     b"set-cookie2",
     b"strict-transport-security",
