@@ -62,6 +62,30 @@ async def test_async_sdk_streams_chat_and_completions(gw: Running) -> None:
     await client.close()
 
 
+async def test_a_stream_that_asked_no_usage_is_counted_and_shows_none(gw: Running) -> None:
+    """The SDK's default stream asks vLLM for no usage, so its tokens were counted nowhere. The
+    gateway asks for it, counts it, and keeps the usage-only chunk from the client, whose code
+    reads ``choices[0]`` of every chunk."""
+
+    async def counted() -> float:
+        async with httpx.AsyncClient(timeout=30) as http:
+            text = (await http.get(gw.url + "/metrics")).text
+        lines = [line for line in text.splitlines() if line.startswith("taogate_completion_tokens_total")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    before = await counted()
+    async with async_client(gw) as client:
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "count"}], max_tokens=6, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        cstream = await client.completions.create(model=MODEL, prompt="abc", max_tokens=4, stream=True)
+        pieces = [c.choices[0].text async for c in cstream]  # every chunk has a choice
+    assert chunks and all(c.choices and c.usage is None for c in chunks)
+    assert "".join(pieces)
+    assert await counted() - before == 6 + 4
+
+
 async def test_embeddings_models_and_tokenize(gw: Running) -> None:
     client = async_client(gw)
     emb = await client.embeddings.create(model=MODEL, input=["a b c", "d e"])

@@ -1,6 +1,7 @@
 """The relay against a client's pace: a slow but steady reader keeps its stream, one that stops
-reading at the stream's very end is stalled, and an instance silent after ``[DONE]`` has finished.
-The instance's answer is a list of chunks; the client is a ``send`` that takes its time."""
+reading at the stream's very end is stalled, and an instance silent after ``[DONE]`` has finished;
+and the usage chunk the gateway asked for is kept from the client. The instance's answer is a list
+of chunks; the client is a ``send`` that takes its time."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from taogate.proxy.intake import ClientStalled
-from taogate.proxy.relay import SEND_BYTES, piece_end, relay_sse
+from taogate.proxy.relay import SEND_BYTES, piece_end, relay_sse, without_usage_only
 
 EVENT = b'data: {"choices":[{"text":"' + b"a" * 200 + b'"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
@@ -88,3 +89,14 @@ def test_pieces_are_cut_only_at_event_ends(sizes: list[int], crlf: int) -> None:
         assert end in ends and end > start
         assert end - start <= SEND_BYTES or not any(start < e < end for e in ends if e - start <= SEND_BYTES)
         start = end
+
+
+def test_only_the_usage_only_chunk_is_taken_out() -> None:
+    usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    spaced = b'data: {"id": "c", "choices": [], "usage": {"prompt_tokens": 1}}\n\n'
+    running = b'data: {"id":"c","choices":[{"text":"a"}],"usage":{"prompt_tokens":1}}\n\n'
+    assert without_usage_only(EVENT + usage + DONE) == EVENT + DONE
+    assert without_usage_only(spaced + DONE) == DONE
+    assert without_usage_only(usage) == b""
+    assert without_usage_only(running + DONE) == running + DONE  # a choice: the client's to see
+    assert without_usage_only(b'data: {"usage": [not json\n\n') == b'data: {"usage": [not json\n\n'

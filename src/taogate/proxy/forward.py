@@ -44,6 +44,9 @@ class Forward:
     # ask, so the answer's header is the gateway's alone (``downstream_headers(drop_load=...)``).
     ask_load: bool = False
     anthropic: bool = False  # the id goes as Anthropic's ``request-id`` too, which its SDK reads
+    # The stream's usage was asked for by the gateway, not the client: its usage-only last chunk
+    # is kept from the client (``relay``), who did not ask for a chunk with no choices.
+    hide_usage: bool = False
 
     def __init__(  # noqa: PLR0917 (the dataclass's own signature, compiled)
         self,
@@ -58,6 +61,7 @@ class Forward:
         chosen_id: str | None = None,
         ask_load: bool = False,
         anthropic: bool = False,
+        hide_usage: bool = False,
     ) -> None:
         self.method = method
         self.path = path
@@ -70,6 +74,7 @@ class Forward:
         self.chosen_id = chosen_id
         self.ask_load = ask_load
         self.anthropic = anthropic
+        self.hide_usage = hide_usage
 
     def answer_headers(
         self, raw: Sequence[tuple[bytes, bytes]], request_id: bytes, instance: str, receipt: str | None = None
@@ -121,6 +126,18 @@ class Forward:
 _ITEM_HEAD = RESPONSE_ITEM_PREFIX.strip("/").split("/")  # ["v1", "responses"]
 
 
+#: Streams whose usage comes only when asked for (``stream_options.include_usage``), which the
+#: OpenAI SDK does not ask by default: without it, a streamed answer's tokens are counted nowhere
+#: (its key's limits, metrics, the access log).
+_USAGE_ASKED = frozenset({"chat", "completions"})
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true}'
+
+
+def _own_stream_options(payload: dict[str, Any] | None) -> bool:
+    """Whether the client set ``stream_options`` itself: then they are left as they are."""
+    return payload is not None and payload.get("stream_options") is not None
+
+
 def stored_item(scope: dict[str, Any], prefix: str) -> tuple[str, bytes]:
     """The response id of ``/v1/responses/{id}`` or ``.../{id}/cancel``, under the gateway's
     ``prefix`` or not, and that path upstream without the prefix. Segments are compared decoded, as
@@ -167,6 +184,9 @@ def plan(
     # Unless the client asked for the report itself (a list of names: cheaper than a generator).
     ask_load = route.generates and not incoming.facts.stream and LOAD_REPORT[0] not in [k for k, _ in headers]
     body: bytes | StreamedBody = incoming.body
+    hide_usage = False
+    if route.kind in _USAGE_ASKED and incoming.facts.stream and not _own_stream_options(incoming.payload):
+        body, hide_usage = with_fields(incoming.body, _INCLUDE_USAGE), True
     if incoming.upload is not None:
         body = incoming.upload
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
@@ -181,6 +201,7 @@ def plan(
         route.priority == "body",
         ask_load=ask_load,
         anthropic=route.anthropic,
+        hide_usage=hide_usage,
     )
     owner: str | None = None
     instances: list[str] = []

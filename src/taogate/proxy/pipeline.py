@@ -378,6 +378,7 @@ class Pipeline:
             errors=ex.route.errors,
             on_first_chunk=first_chunk,
             on_last_message=ex.last_message,
+            hide_usage=ex.forward.hide_usage,
         )
         rec = ex.rec
         rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens = ex.route.usage(end.usage)

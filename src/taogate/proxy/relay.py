@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
 from starlette.types import Send
 
 from taogate.errors import OPENAI_ERRORS, ErrorShape
@@ -21,7 +22,16 @@ from taogate.proxy.intake import ClientStalled
 from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
 from taogate.proxy.usage import UsageTap
 
-__all__ = ["MAX_EVENT_BYTES", "SEND_BYTES", "EventTooLarge", "Events", "StreamEnd", "piece_end", "relay_sse"]
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "SEND_BYTES",
+    "EventTooLarge",
+    "Events",
+    "StreamEnd",
+    "piece_end",
+    "relay_sse",
+    "without_usage_only",
+]
 
 
 #: The most an unfinished event may hold before the stream is ended (vLLM's largest, a Responses
@@ -89,6 +99,23 @@ class StreamEnd:
     usage: dict[str, Any] | None
 
 
+def without_usage_only(data: bytes) -> bytes:
+    """``data`` (whole events) without its usage-only chunk (``"choices": []`` and a ``usage``), the
+    one a stream's ``include_usage`` adds at its end."""
+    events = data.split(b"\n\n")
+    kept = [e for e in events if not (b'"usage"' in e and _usage_only(e))]
+    return data if len(kept) == len(events) else b"\n\n".join(kept)
+
+
+def _usage_only(event: bytes) -> bool:
+    data = b"".join(line[5:] for line in event.split(b"\n") if line.startswith(b"data:"))
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage") is not None
+
+
 def piece_end(data: bytes, start: int) -> int:
     """Where the piece of ``data`` from ``start`` ends: the last event end within ``SEND_BYTES``,
     else the first after (an event is never split); ``len(data)`` if there is none."""
@@ -127,15 +154,18 @@ async def relay_sse(
     errors: ErrorShape = OPENAI_ERRORS,
     on_first_chunk: Callable[[], None],
     on_last_message: Callable[[], None],
+    hide_usage: bool = False,
 ) -> StreamEnd:
     """Relay the body of an already-started SSE response; always sends the final body message,
     unless the client stopped reading for ``stall`` seconds: then ``ClientStalled``. ``idle``
     counts seconds without a complete event; ``limit`` bounds the whole stream, ``max_event`` the
-    bytes of one event (held until its end)."""
+    bytes of one event (held until its end); ``hide_usage``: the usage-only chunk is read, not
+    relayed (the gateway asked for it)."""
     tap = UsageTap()
     guard = IdleGuard(idle, stall, limit)
     try:
-        error = await _relay(response, send, guard, tap, Events(max_event), instance, on_first_chunk)
+        events = Events(max_event)
+        error = await _relay(response, send, guard, tap, events, instance, on_first_chunk, hide_usage)
         await _finish(send, guard, errors, error, on_last_message)
     finally:
         guard.close()
@@ -154,6 +184,7 @@ async def _relay(  # noqa: PLR0917 (relay_sse's own parts)
     events: Events,
     instance: str,
     on_first_chunk: Callable[[], None],
+    hide_usage: bool,
 ) -> tuple[str, str] | None:
     """The stream's events as they come, in whole events; the error that ended it, if any."""
     first = True
@@ -165,6 +196,9 @@ async def _relay(  # noqa: PLR0917 (relay_sse's own parts)
                 on_first_chunk()
             ended = tap.feed(chunk)
             whole = events.whole(chunk)
+            if hide_usage and tap.usage is not None:  # the events that brought it are all in ``whole``
+                hide_usage = False
+                whole = without_usage_only(whole)
             if not whole:
                 continue
             guard.sending_started()  # a slow client is not a silent instance
