@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from taogate.proxy import usage as usage_module
 from taogate.proxy.relay import Events, EventTooLarge
-from taogate.proxy.usage import UsageTap, usage_of_body
+from taogate.proxy.usage import UsageTap, spans_with, usage_of_body
 
 STREAM = (
     b'data: {"id":"c1","choices":[{"text":"a"}]}\n\n'
@@ -180,3 +180,11 @@ def test_property_the_usage_cut_finds_each_brace_once_and_cuts_what_it_cut(
     assert usage_module._cut_out(body, start) == _cut_out_by_definition(body, start)
     deep = b"{" * 20 + b"}" * 20
     assert usage_module._cut_out(deep, 0) == _cut_out_by_definition(deep, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([b"data: a", b'data: {"usage":1}', b"data: b usage", b""]), max_size=12))
+def test_the_events_holding_a_word_are_found_back_to_front_as_a_split_finds_them(events: list[bytes]) -> None:
+    data = b"\n\n".join(events) + b"\n\n"
+    found = [data[start:stop] for start, stop in spans_with(data, b"usage")]
+    assert found == [e for e in reversed(data.split(b"\n\n")) if b"usage" in e]

@@ -20,7 +20,7 @@ from taogate.errors import OPENAI_ERRORS, ErrorShape
 from taogate.proxy.idle import IdleGuard
 from taogate.proxy.intake import ClientStalled
 from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
-from taogate.proxy.usage import UsageTap
+from taogate.proxy.usage import UsageTap, spans_with
 
 __all__ = [
     "MAX_EVENT_BYTES",
@@ -102,9 +102,10 @@ class StreamEnd:
 def without_usage_only(data: bytes) -> bytes:
     """``data`` (whole events) without its usage-only chunk (``"choices": []`` and a ``usage``), the
     one a stream's ``include_usage`` adds at its end."""
-    events = data.split(b"\n\n")
-    kept = [e for e in events if not (b'"usage"' in e and _usage_only(e))]
-    return data if len(kept) == len(events) else b"\n\n".join(kept)
+    for start, stop in spans_with(data, b'"usage"'):
+        if _usage_only(data[start:stop]):
+            return data[:start] + data[stop + 2 :]
+    return data
 
 
 def _usage_only(event: bytes) -> bool:

@@ -8,11 +8,12 @@ has scanned.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
-__all__ = ["UsageTap", "counts", "usage_counts", "usage_of_body"]
+__all__ = ["UsageTap", "counts", "spans_with", "usage_counts", "usage_of_body"]
 
 _USAGE = b'"usage"'
 _MAX_PENDING = 256 * 1024
@@ -94,25 +95,38 @@ class UsageTap:
         return ended
 
     def _scan(self, data: bytes, end: int) -> None:
-        """The usage in the whole events of ``data[:end]``."""
-        for event in data[:end].split(b"\n\n"):
-            if _USAGE not in event:
-                continue
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._take(line[5:].strip())
+        """The last usage in the whole events of ``data[:end]``."""
+        for start, stop in spans_with(data, _USAGE, end):
+            for line in data[start:stop].split(b"\n"):
+                if line.startswith(b"data:") and self._take(line[5:].strip()):
+                    return
 
-    def _take(self, raw: bytes) -> None:
+    def _take(self, raw: bytes) -> bool:
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return
+            return False
         if isinstance(obj, dict):
             usage = obj.get("usage")
             if usage is None and isinstance(obj.get("response"), dict):  # Responses: response.completed
                 usage = obj["response"].get("usage")
             if isinstance(usage, dict):
                 self.usage = usage
+                return True
+        return False
+
+
+def spans_with(data: bytes, needle: bytes, end: int | None = None) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each event of ``data[:end]`` (LF-framed, the blank line left out) that holds
+    ``needle``, the last first: each found by a search back, no event split that does not hold it."""
+    limit = len(data) if end is None else end
+    at = data.rfind(needle, 0, limit)
+    while at >= 0:
+        before = data.rfind(b"\n\n", 0, at)
+        start = before + 2 if before >= 0 else 0
+        stop = data.find(b"\n\n", at, limit)
+        yield start, stop if stop >= 0 else limit
+        at = data.rfind(needle, 0, start)
 
 
 _USAGE_KEY = b'"usage":'
