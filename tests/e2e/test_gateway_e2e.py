@@ -81,9 +81,13 @@ async def test_a_stream_that_asked_no_usage_is_counted_and_shows_none(gw: Runnin
         chunks = [chunk async for chunk in stream]
         cstream = await client.completions.create(model=MODEL, prompt="abc", max_tokens=4, stream=True)
         pieces = [c.choices[0].text async for c in cstream]  # every chunk has a choice
+        declined = await client.completions.create(
+            model=MODEL, prompt="abc", max_tokens=3, stream=True, stream_options={"include_usage": False}
+        )
+        no_usage = [c async for c in declined]  # declining it does not take it off the key's count
     assert chunks and all(c.choices and c.usage is None for c in chunks)
-    assert "".join(pieces)
-    assert await counted() - before == 6 + 4
+    assert "".join(pieces) and all(c.choices and c.usage is None for c in no_usage)
+    assert await counted() - before == 6 + 4 + 3
 
 
 async def test_embeddings_models_and_tokenize(gw: Running) -> None:

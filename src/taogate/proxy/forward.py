@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+import orjson
+
 from taogate.errors import NotFound
 from taogate.fleet.instance import Instance, InstanceSpec
 from taogate.fleet.load_report import REQUEST_HEADER as LOAD_REPORT
@@ -130,12 +132,19 @@ _ITEM_HEAD = RESPONSE_ITEM_PREFIX.strip("/").split("/")  # ["v1", "responses"]
 #: OpenAI SDK does not ask by default: without it, a streamed answer's tokens are counted nowhere
 #: (its key's limits, metrics, the access log).
 _USAGE_ASKED = frozenset({"chat", "completions"})
-_INCLUDE_USAGE = b'"stream_options":{"include_usage":true}'
 
 
-def _own_stream_options(payload: dict[str, Any] | None) -> bool:
-    """Whether the client set ``stream_options`` itself: then they are left as they are."""
-    return payload is not None and payload.get("stream_options") is not None
+def _usage_asked(payload: dict[str, Any] | None, body: bytes) -> tuple[bytes, bool]:
+    """The body with ``include_usage`` asked for, merged into the client's own ``stream_options``,
+    and whether the gateway asked (then the usage-only chunk is the gateway's, not the client's).
+    Options that are not an object are left to the instance to refuse."""
+    options = payload.get("stream_options") if payload is not None else None
+    if options is None:
+        options = {}
+    elif not isinstance(options, dict) or options.get("include_usage") is True:
+        return body, False
+    merged = orjson.dumps({**options, "include_usage": True})
+    return with_fields(body, b'"stream_options":' + merged), True
 
 
 def stored_item(scope: dict[str, Any], prefix: str) -> tuple[str, bytes]:
@@ -170,9 +179,11 @@ def plan(
     *,
     ids: ResponseIds,
     fleet: Iterable[Instance],
+    ask_usage: bool = False,
 ) -> tuple[Forward, frozenset[str]]:
     """The request's upstream side, and the instances it must not go to (all but the one that holds
-    the stored response it is about, when there is one)."""
+    the stored response it is about, when there is one). ``ask_usage``: a stream is asked for its
+    usage, the relay keeping the chunk from the client (``serve``; in picker mode Envoy relays)."""
     item: str | None = None
     if route.body == "none":
         item, path = stored_item(scope, prefix)
@@ -185,8 +196,8 @@ def plan(
     ask_load = route.generates and not incoming.facts.stream and LOAD_REPORT[0] not in [k for k, _ in headers]
     body: bytes | StreamedBody = incoming.body
     hide_usage = False
-    if route.kind in _USAGE_ASKED and incoming.facts.stream and not _own_stream_options(incoming.payload):
-        body, hide_usage = with_fields(incoming.body, _INCLUDE_USAGE), True
+    if ask_usage and route.kind in _USAGE_ASKED and incoming.facts.stream:
+        body, hide_usage = _usage_asked(incoming.payload, incoming.body)
     if incoming.upload is not None:
         body = incoming.upload
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)

@@ -173,7 +173,9 @@ class Pipeline:
                 headers, request_id=rid, tag=incoming.tag, client=scope.get("client")
             )
             ids, fleet = self.responses, self.dispatcher.fleet
-            forward, exclude = plan(route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet)
+            forward, exclude = plan(
+                route, scope, self._prefix, up_headers, incoming, ids=ids, fleet=fleet, ask_usage=True
+            )
             ex = Exchange(route, facts, incoming.size, forward, rid, send, rec, exclude)
             watch = self._watcher.watch(ex, receive)
             try:
