@@ -113,8 +113,13 @@ async def test_counting_a_prompt_s_tokens_spends_a_request_and_no_tokens() -> No
                     )
                     assert raw.parse().input_tokens > 1_000
                     assert raw.headers["x-ratelimit-remaining-tokens"] == "2000"
-            counted = gw.gateway.limiter.local.state("team-a")
-            assert counted is not None and counted.tok_cur == 0 and counted.req_cur == 4
+                counted = gw.gateway.limiter.local.state("team-a")
+                assert counted is not None and counted.tok_cur == 0 and counted.req_cur == 4
+                counted.tok_cur = 5_000  # the key's tokens spent (by usage settled over its limit)
+                raw = await asyncio.to_thread(
+                    client.messages.with_raw_response.count_tokens, model=MODEL, messages=long
+                )
+                assert raw.parse().input_tokens > 1_000  # still counted: tokens are not its limit
 
 
 async def test_a_model_outside_the_allow_list_is_not_found_and_not_listed() -> None:

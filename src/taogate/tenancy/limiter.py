@@ -191,15 +191,15 @@ class Limiter:
         share's name for it in the key's place (a flow the gateway in front named)."""
         rec.key = tenant.name
         facts.tenant = flow or tenant.name
-        cost = facts.prompt_tokens + (facts.max_tokens or 0) if metered else 0
+        cost = facts.prompt_tokens + (facts.max_tokens or 0) if metered else None
         admission = await self.check(tenant, model, cost)
         admission.share = facts.tenant
         return admission
 
-    async def check(self, tenant: Tenant, model: str | None, cost: int) -> Admission:
-        """Admit one request of ``cost`` reserved tokens, or raise its refusal. It is counted in a
-        store for its key's rate limits or its concurrency shared by the replicas; a key with
-        neither has no window to wait for."""
+    async def check(self, tenant: Tenant, model: str | None, cost: int | None) -> Admission:
+        """Admit one request of ``cost`` reserved tokens (None: its tokens are not limited), or
+        raise its refusal. It is counted in a store for its key's rate limits or its concurrency
+        shared by the replicas; a key with neither has no window to wait for."""
         admission = self._admissible(tenant, model)
         shared = self.store is not None and tenant.max_concurrency is not None
         if tenant.rate_limited or shared:
@@ -211,7 +211,7 @@ class Limiter:
                 stats.in_flight -= 1
         return _admitted(admission)
 
-    async def _count(self, admission: Admission, cost: int, shared: bool) -> None:
+    async def _count(self, admission: Admission, cost: int | None, shared: bool) -> None:
         """Count the request in its key's window (``shared``: with a lease on a concurrency slot
         the replicas count together), or raise its refusal."""
         tenant, stats = admission.tenant, admission.stats
@@ -227,10 +227,10 @@ class Limiter:
         stats.last = counts
         window = self.limits.window
         if not counts.admitted:
-            refused = refusal(tenant, counts, cost, window)
+            refused = refusal(tenant, counts, cost or 0, window)
             raise self.reject(stats, refused.type, refused)
         admission.headers = rate_headers(tenant, counts, window)
-        admission.reserved, admission.bucket = cost, counts.bucket
+        admission.reserved, admission.bucket = cost or 0, counts.bucket
         if lease:
             admission.lease = lease
             self._held.setdefault(tenant.name, set()).add(lease)
@@ -265,9 +265,11 @@ class Limiter:
             raise self.reject(stats, "concurrency", _busy(tenant, stats.last, self.limits.window))
         return Admission(tenant, stats, [], share=tenant.name)
 
-    async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int, lease: str) -> Counts | None:
+    async def _hit(self, tenant: Tenant, stats: KeyStats, cost: int | None, lease: str) -> Counts | None:
         window_ms = max(1, round(self.limits.window * 1000))
         rpm, tpm = tenant.requests_per_minute or 0, tenant.tokens_per_minute or 0
+        if cost is None:  # not metered: its tokens are not asked of the window
+            cost, tpm = 0, 0
         if self.store is None:
             return self.local.hit_now(tenant.name, window_ms, rpm=rpm, tpm=tpm, cost=cost)
         now = self._clock()
@@ -328,9 +330,11 @@ class Limiter:
         attempt: a retry is dispatched again) to its usage."""
         if admission is None:
             return
-        # Nothing is charged for an instance's refusal (or a timeout) answered before any stream
-        # began: it generated nothing the client got. A client gone mid-request is charged.
-        served = rec.instance is not None and (rec.status < 400 or rec.status == 499 or rec.stream)
+        # An instance's own error answer (relayed whole: a 400, a 500) generated nothing and is not
+        # charged; the gateway's timeouts and a client gone mid-request are, the instance may
+        # have worked for them.
+        refused = rec.ttfb is not None and rec.status >= 400 and rec.status != 499 and not rec.stream
+        served = rec.instance is not None and not refused
         if rec.reject is not None:  # refused after its key's limits: the queue, no instance, ...
             self.reject(admission.stats, rec.reject, None)
         self.finish(admission, rec.prompt_tokens, rec.completion_tokens, served)
