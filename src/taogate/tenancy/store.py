@@ -193,12 +193,12 @@ class RedisStore:
     def __init__(self, url: str, timeout: float, prefix: str = "taogate:limits:") -> None:
         # One immediate retry on a broken connection: after a Redis restart every pooled connection
         # is dead, and without it each failed one request (a 503 under fail_closed) as it came up.
+        # Not on a timeout, after which the script may have run: run again, it would count twice.
         self._client: redis.Redis = redis.Redis.from_url(
             url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError],
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self._hit = self._client.register_script(HIT_SCRIPT)
         self._settle = self._client.register_script(SETTLE_SCRIPT)
