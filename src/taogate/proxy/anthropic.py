@@ -139,8 +139,8 @@ class _View:
         return [part for b in content[:take] for part in self.block(b)] + content[take:]
 
     def block(self, block: object) -> list[object]:
-        """One content block as the chat parts vLLM renders it into; none for what it drops
-        (documents, redacted thinking, tool references)."""
+        """One content block as the chat parts vLLM renders it into; none for any other type,
+        which vLLM 0.32 drops (documents, redacted thinking, tool references, ...)."""
         if not isinstance(block, Mapping):
             return [block]
         kind = block.get("type")

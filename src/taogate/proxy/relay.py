@@ -40,8 +40,9 @@ MAX_EVENT_BYTES: Final = 8 << 20
 #: Relayed in one send at most (cut at an event's end): what a slow client must take within the
 #: stall limit, whatever the instance sent in one burst.
 SEND_BYTES: Final = 64 * 1024
-#: The OpenAI routes' last event: an instance silent after it has finished.
-_DONE: Final = b"data: [DONE]\n\n"
+#: The last event of a stream (vLLM's Chat, Completions and Messages streams end so), LF or CRLF:
+#: an instance silent after it has finished.
+_DONE: Final = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
 
 
 class Events:
