@@ -5,9 +5,10 @@ dies, hangs or comes back is handled by ``on_store_error`` without a hung reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -277,14 +278,13 @@ async def test_two_replicas_hold_one_max_concurrency_and_a_dead_replicas_leases_
             assert (await chat(via_b)).http_response.status_code == 200
 
 
-async def test_leases_the_store_lost_while_down_are_added_back(redis_server: RedisServer) -> None:
-    """max_concurrency 1 across two replicas, its slot held through one; Redis restarts empty. That
-    replica's next renewal adds its lease back, so the other refuses until the request ends (it
-    would admit a second one otherwise)."""
-    messages: list[Any] = [{"role": "user", "content": "hello there"}]
-    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:  # 12 ms a step: 400 tokens take seconds
+@contextlib.asynccontextmanager
+async def _two_replicas(redis_server: RedisServer, on_store_error: str) -> AsyncIterator[Any]:
+    """Two gateways sharing ``redis_server`` for team-a's max_concurrency of 1, and an SDK client of
+    each: (a, b, via_a, via_b). The emulator takes 12 ms a step: 400 tokens take seconds."""
+    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
         keys = [{**TEAM_A, "max_concurrency": 1}]
-        limits = {"store": redis_server.url, "store_timeout": 0.3, "on_store_error": "fail_closed"}
+        limits = {"store": redis_server.url, "store_timeout": 0.3, "on_store_error": on_store_error}
         settings_ = keyed_settings(fleet.urls, keys, limits)
         async with (
             keyed_gateway(settings_) as a,
@@ -292,30 +292,39 @@ async def test_leases_the_store_lost_while_down_are_added_back(redis_server: Red
             sdk(a, SECRETS["TEAM_A_KEY"]) as via_a,
             sdk(b, SECRETS["TEAM_A_KEY"]) as via_b,
         ):
-            stream = await via_a.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=400, stream=True
-            )
-            await anext(aiter(stream))  # the first chunk: the request is in flight
-            redis_server.kill()
-            await a.gateway.limiter.renew()  # the store is gone: its lease may be lost
-            assert not a.gateway.limiter.store_up
-            redis_server.start()  # empty
-            await asyncio.sleep(1.1)  # the failed store is tried again after a second
-            await a.gateway.limiter.renew()
-            assert a.gateway.limiter.store_up
-            for _ in range(3):  # bounded: b may find out the store restarted on its call (503)
-                try:
-                    await chat(via_b)
-                except openai.InternalServerError:
-                    await asyncio.sleep(1.1)
-                    continue
-                except openai.RateLimitError as exc:
-                    assert "in flight" in str(exc)
-                    break
-                raise AssertionError("admitted past max_concurrency: the lease was not added back")
-            else:
-                raise AssertionError("the store never answered the other replica")
-            await stream.close()
+            yield a, b, via_a, via_b
+
+
+async def test_leases_the_store_lost_while_down_are_added_back(redis_server: RedisServer) -> None:
+    """max_concurrency 1 across two replicas, its slot held through one; Redis restarts empty. That
+    replica's next renewal adds its lease back, so the other refuses until the request ends (it
+    would admit a second one otherwise)."""
+    messages: list[Any] = [{"role": "user", "content": "hello there"}]
+    async with _two_replicas(redis_server, "fail_closed") as (a, _, via_a, via_b):
+        stream = await via_a.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=400, stream=True
+        )
+        await anext(aiter(stream))  # the first chunk: the request is in flight
+        redis_server.kill()
+        await a.gateway.limiter.renew()  # the store is gone: its lease may be lost
+        assert not a.gateway.limiter.store_up
+        redis_server.start()  # empty
+        await asyncio.sleep(1.1)  # the failed store is tried again after a second
+        await a.gateway.limiter.renew()
+        assert a.gateway.limiter.store_up
+        for _ in range(3):  # bounded: b may find out the store restarted on its call (503)
+            try:
+                await chat(via_b)
+            except openai.InternalServerError:
+                await asyncio.sleep(1.1)
+                continue
+            except openai.RateLimitError as exc:
+                assert "in flight" in str(exc)
+                break
+            raise AssertionError("admitted past max_concurrency: the lease was not added back")
+        else:
+            raise AssertionError("the store never answered the other replica")
+        await stream.close()
 
 
 async def test_a_request_admitted_while_the_store_was_down_holds_its_slot_once_it_is_back(
@@ -325,37 +334,28 @@ async def test_a_request_admitted_while_the_store_was_down_holds_its_slot_once_i
     once Redis is back, the other replica admitted a second one past max_concurrency 1. Its lease
     is added by the first replica's next renewal now, and an idle replica sees the store back."""
     messages: list[Any] = [{"role": "user", "content": "hello there"}]
-    async with run_fleet([EmulatorConfig(seed=0)]) as fleet:
-        keys = [{**TEAM_A, "max_concurrency": 1}]
-        limits = {"store": redis_server.url, "store_timeout": 0.3, "on_store_error": "fail_open"}
-        settings_ = keyed_settings(fleet.urls, keys, limits)
-        async with (
-            keyed_gateway(settings_) as a,
-            keyed_gateway(settings_) as b,
-            sdk(a, SECRETS["TEAM_A_KEY"]) as via_a,
-            sdk(b, SECRETS["TEAM_A_KEY"]) as via_b,
-        ):
-            await chat(via_b)  # b has talked to the store once
-            redis_server.kill()
-            stream = await via_a.chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=400, stream=True
-            )
-            await anext(aiter(stream))  # admitted without the store
-            assert not a.gateway.limiter.store_up
-            redis_server.start()
-            await asyncio.sleep(1.1)  # the failed store is tried again after a second
-            await a.gateway.limiter.renew()
-            assert a.gateway.limiter.store_up
-            with pytest.raises(openai.RateLimitError, match="in flight"):
-                await chat(via_b)
-            await stream.close()
-            redis_server.kill()
-            await chat(via_b)  # b finds the store gone (fail_open: admitted) ...
-            assert not b.gateway.limiter.store_up
-            redis_server.start()
-            await asyncio.sleep(1.1)
-            await b.gateway.limiter.renew()  # ... and, holding nothing, asks whether it is back
-            assert b.gateway.limiter.store_up
+    async with _two_replicas(redis_server, "fail_open") as (a, b, via_a, via_b):
+        await chat(via_b)  # b has talked to the store once
+        redis_server.kill()
+        stream = await via_a.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=400, stream=True
+        )
+        await anext(aiter(stream))  # admitted without the store
+        assert not a.gateway.limiter.store_up
+        redis_server.start()
+        await asyncio.sleep(1.1)  # the failed store is tried again after a second
+        await a.gateway.limiter.renew()
+        assert a.gateway.limiter.store_up
+        with pytest.raises(openai.RateLimitError, match="in flight"):
+            await chat(via_b)
+        await stream.close()
+        redis_server.kill()
+        await chat(via_b)  # b finds the store gone (fail_open: admitted) ...
+        assert not b.gateway.limiter.store_up
+        redis_server.start()
+        await asyncio.sleep(1.1)
+        await b.gateway.limiter.renew()  # ... and, holding nothing, asks whether it is back
+        assert b.gateway.limiter.store_up
 
 
 class CountedStore(RedisStore):
