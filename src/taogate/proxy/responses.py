@@ -56,7 +56,7 @@ class ResponsesErrors(ErrorShape):
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
-RESPONSES_ERRORS = ResponsesErrors()
+RESPONSES_ERRORS: Final[ResponsesErrors] = ResponsesErrors()  # typed: mypyc reads it across a cycle
 
 
 def checked_id(value: str) -> str:
