@@ -9,9 +9,9 @@ middle of one drops the fragment, and the client's SDK reads an error event, nev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 from starlette.types import Send
@@ -19,7 +19,7 @@ from starlette.types import Send
 from taogate.errors import OPENAI_ERRORS, ErrorShape
 from taogate.proxy.idle import IdleGuard
 from taogate.proxy.intake import ClientStalled
-from taogate.proxy.upstream import UPSTREAM_ERRORS, UpstreamResponse
+from taogate.proxy.upstream import UPSTREAM_ERRORS
 from taogate.proxy.usage import UsageTap, spans_with
 
 __all__ = [
@@ -94,6 +94,12 @@ class EventTooLarge(Exception):
         self.limit = limit
 
 
+class Chunks(Protocol):
+    """What the relay reads of an instance's answer (``h1.Response``): its body as it arrives."""
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
     error: str | None  # None: the instance finished the stream; else a bounded code
@@ -145,7 +151,7 @@ async def _send_in_pieces(send: Send, guard: IdleGuard, data: bytes) -> bytes:
 
 
 async def relay_sse(
-    response: UpstreamResponse,
+    response: Chunks,
     send: Send,
     *,
     instance: str,
@@ -179,7 +185,7 @@ def _stalled(guard: IdleGuard) -> ClientStalled:
 
 
 async def _relay(  # noqa: PLR0917 (relay_sse's own parts)
-    response: UpstreamResponse,
+    response: Chunks,
     send: Send,
     guard: IdleGuard,
     tap: UsageTap,
