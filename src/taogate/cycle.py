@@ -276,9 +276,7 @@ class Cycle:
             parts.append(b"connection: close\r\n")
             lines += 1
         if self.chunked is None and not self._head_only and status not in _NO_BODY:
-            if (
-                self.scope.get("http_version") == "1.0"
-            ):  # no chunked coding for it: the body ends with the connection
+            if self.scope.get("http_version") == "1.0":  # it knows no chunks: the close ends it
                 self.chunked, self._expected = False, -1
             else:
                 self.chunked = True
