@@ -189,12 +189,15 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     picker: PickerSettings = Field(default_factory=PickerSettings)
 
+    @property
+    def listed(self) -> list[InstanceSettings]:
+        """The instances the config lists, the overflow one last."""
+        return [*self.instances, *([self.overflow] if self.overflow is not None else [])]
+
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:
-        labels = [i.label for i in self.instances]
-        if self.overflow is not None:
-            labels.append(self.overflow.label)
-        listed = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
+        listed = self.listed
+        labels = [i.label for i in listed]
         bound: dict[str, str] = {}
         for item in listed:  # an endpoint the gateway binds (vLLM connects) serves one instance
             ep = item.kv_events
@@ -235,8 +238,7 @@ class Settings(BaseSettings):
 
     def instance_caps(self) -> int:
         """Requests the configured instances (the overflow one included) may hold at once."""
-        specs = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
-        return sum(i.max_queue or self.dispatch.max_queue_per_instance for i in specs)
+        return sum(i.max_queue or self.dispatch.max_queue_per_instance for i in self.listed)
 
     def upstream_connections(self) -> int:
         """Connections the hop may keep open: ``max_connections``, else the instances' caps (at
@@ -278,8 +280,7 @@ class Settings(BaseSettings):
         """Problems that do not stop the gateway but will hurt long prefills."""
         out: list[str] = []
         seen: dict[tuple[str, str, int | None, str], str] = {}
-        listed = [*self.instances, *([self.overflow] if self.overflow is not None else [])]
-        for item in listed:  # two caps on one queue, or overflow past a listed instance's cap
+        for item in self.listed:  # two caps on one queue, or overflow past a listed instance's cap
             server = server_of(item.url)
             first = seen.get(server)
             if first is None:
