@@ -30,7 +30,6 @@ class IdleGuard:
         "_handle",
         "_idle",
         "_loop",
-        "_stall",
         "_task",
         "expired",
         "idle",
@@ -47,9 +46,8 @@ class IdleGuard:
         task = asyncio.current_task()
         assert task is not None, "IdleGuard must be created inside a task"
         self._task = task
-        self.idle, self.stall, self.limit = idle, stall, limit  # as given, for messages
+        self.idle, self.stall, self.limit = idle, stall, limit  # as given (``_idle`` ends at ``finishing``)
         self._idle = idle
-        self._stall = stall
         self.expired = False
         self.stalled = False
         self.overdue = False
@@ -61,11 +59,11 @@ class IdleGuard:
     def _next(self, now: float) -> float:
         started = self.send_started
         if started is not None:  # blocked on the client: only the stall limit applies
-            at = started + self._stall if self._stall is not None else now + self._idle
+            at = started + self.stall if self.stall is not None else now + self._idle
             return min(at, self._end)
         deadline = min(self.last + self._idle, self._end)
-        if self._stall is not None:  # a send may block before the next check
-            deadline = min(deadline, now + self._stall)
+        if self.stall is not None:  # a send may block before the next check
+            deadline = min(deadline, now + self.stall)
         return deadline
 
     def sending_started(self) -> None:
@@ -82,7 +80,7 @@ class IdleGuard:
     def finishing(self) -> None:
         """The stream's events are all relayed: only a client that stops reading ends it now."""
         self._idle = self._end = math.inf
-        if self._handle is None and self._stall is not None:  # a guard that fired is armed again
+        if self._handle is None and self.stall is not None:  # a guard that fired is armed again
             self._handle = self._loop.call_at(self._next(self._loop.time()), self._check)
 
     def _check(self) -> None:
@@ -93,7 +91,7 @@ class IdleGuard:
             self._task.cancel()
             return
         started = self.send_started
-        if started is not None and self._stall is not None and now - started >= self._stall:
+        if started is not None and self.stall is not None and now - started >= self.stall:
             self._handle = None
             self.stalled = True
             self._task.cancel()
