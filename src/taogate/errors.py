@@ -24,6 +24,8 @@ them is its ``ErrorShape``: OpenAI's, unless the path is under a route of anothe
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 
@@ -134,12 +136,14 @@ def error_body(message: str, type_: str, code: str | None, param: str | None = N
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
+def stream_error(message: str, code: str) -> dict[str, Any]:
+    """OpenAI's error object for a stream the gateway could not finish (mid-stream upstream failure)."""
+    return {"message": message, "type": "upstream_error", "param": None, "code": code}
+
+
 def sse_error_event(message: str, code: str) -> bytes:
-    """The event that ends a stream the gateway could not finish (mid-stream upstream failure)."""
-    payload = orjson.dumps(
-        {"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}
-    )
-    return b"data: " + payload + b"\n\ndata: [DONE]\n\n"
+    """The event that ends such a stream on the Chat and Completions routes."""
+    return b"data: " + orjson.dumps({"error": stream_error(message, code)}) + b"\n\ndata: [DONE]\n\n"
 
 
 class ErrorShape:

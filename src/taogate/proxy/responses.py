@@ -25,7 +25,7 @@ from typing import Any, Final
 import orjson
 from mypy_extensions import mypyc_attr
 
-from taogate.errors import BadRequest, ErrorShape, NotFound
+from taogate.errors import BadRequest, ErrorShape, NotFound, stream_error
 from taogate.proxy.usage import counts
 
 __all__ = [
@@ -51,7 +51,7 @@ class ResponsesErrors(ErrorShape):
     none); its ``error`` object still makes the OpenAI SDK raise its APIError."""
 
     def stream_end(self, message: str, code: str) -> bytes:
-        error = {"message": message, "type": "upstream_error", "param": None, "code": code}
+        error = stream_error(message, code)
         payload = {"type": "error", "code": code, "message": message, "param": None, "error": error}
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
