@@ -151,8 +151,9 @@ class ErrorShape:
 
     OpenAI's shape here; a route of another API family passes a subclass (``Route.errors``)."""
 
-    #: The headers the request's id goes under (Anthropic's SDK reads its own, ``request-id``).
-    request_id_names: tuple[bytes, ...] = (b"x-request-id",)
+    #: Headers the request's id goes under besides ``x-request-id``, on answers and errors alike
+    #: (Anthropic's SDK reads its own, ``request-id``).
+    request_id_aliases: tuple[bytes, ...] = ()
 
     def headers(self, exc: GatewayError) -> list[tuple[bytes, bytes]]:
         return exc.headers()

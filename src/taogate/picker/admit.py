@@ -318,7 +318,8 @@ def error_answer(
     ``extra``: its key's headers."""
     headers = [(k, v) for k, v in shape.headers(exc) if k not in HOP_BY_HOP]
     if rid is not None:
-        headers += [(name, rid) for name in shape.request_id_names]
+        headers.append((b"x-request-id", rid))
+        headers += [(name, rid) for name in shape.request_id_aliases]
     headers.extend(extra)
     return Answer(exc.status, headers, shape.body(exc))
 

@@ -48,7 +48,7 @@ def _body(message: str, status: int) -> bytes:
 class AnthropicErrors(ErrorShape):
     """``{"type": "error", "error": {"type", "message"}}``; a stream ends with ``event: error``."""
 
-    request_id_names = (b"x-request-id", b"request-id")
+    request_id_aliases = (b"request-id",)
 
     def body(self, exc: GatewayError) -> bytes:
         return _body(exc.message, exc.status)

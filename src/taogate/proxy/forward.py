@@ -45,7 +45,7 @@ class Forward:
     # Ask a vLLM instance for its load with the answer (fresher than a scrape); the client did not
     # ask, so the answer's header is the gateway's alone (``downstream_headers(drop_load=...)``).
     ask_load: bool = False
-    anthropic: bool = False  # the id goes as Anthropic's ``request-id`` too, which its SDK reads
+    id_aliases: tuple[bytes, ...] = ()  # the route's other names for x-request-id (``ErrorShape``)
     # The stream's usage was asked for by the gateway, not the client: its usage-only last chunk
     # is kept from the client (``relay``), who did not ask for a chunk with no choices.
     hide_usage: bool = False
@@ -62,7 +62,7 @@ class Forward:
         mint: bool = False,
         chosen_id: str | None = None,
         ask_load: bool = False,
-        anthropic: bool = False,
+        id_aliases: tuple[bytes, ...] = (),
         hide_usage: bool = False,
     ) -> None:
         self.method = method
@@ -75,7 +75,7 @@ class Forward:
         self.mint = mint
         self.chosen_id = chosen_id
         self.ask_load = ask_load
-        self.anthropic = anthropic
+        self.id_aliases = id_aliases
         self.hide_usage = hide_usage
 
     def answer_headers(
@@ -83,8 +83,8 @@ class Forward:
     ) -> list[tuple[bytes, bytes]]:
         """The answer's headers for the client (``downstream_headers``), with the route receipt if any."""
         out = downstream_headers(raw, request_id=request_id, instance=instance, drop_load=self.ask_load)
-        if self.anthropic:
-            out.append((b"request-id", request_id))
+        for name in self.id_aliases:
+            out.append((name, request_id))
         if receipt:
             out.append((b"x-taogate-route", receipt.encode("ascii", "replace")))
         return out
@@ -211,7 +211,7 @@ def plan(
         incoming.tell_priority,
         route.priority == "body",
         ask_load=ask_load,
-        anthropic=route.anthropic,
+        id_aliases=route.errors.request_id_aliases,
         hide_usage=hide_usage,
     )
     owner: str | None = None

@@ -403,8 +403,8 @@ async def _send_error(send: Send, shape: ErrorShape, exc: GatewayError, rid: byt
     """The error, whole; ``close``: the body was not read, so the connection is not reused (the
     listener still reads and discards it for a while, so the client sees the answer)."""
     body = shape.body(exc)
-    headers = [*shape.headers(exc), *[(name, rid) for name in shape.request_id_names]]
-    headers.append((b"content-length", str(len(body)).encode()))
+    headers = [*shape.headers(exc), (b"x-request-id", rid), (b"content-length", str(len(body)).encode())]
+    headers += [(name, rid) for name in shape.request_id_aliases]
     if close and not exc.closes:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
